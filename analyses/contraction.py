@@ -1,0 +1,113 @@
+"""Contraction: how hidden states of random inputs collapse toward one seed-fixed direction, layer by layer.
+
+Two cosines per layer, both at no O(N²) memory (``lens_bias.stats.mean_pairwise_cosine``):
+- inter-sequence: mean pairwise cosine of the last-position states of different sequences. MLP asymmetry
+  (ReLU/GELU/SiLU have non-zero mean) drives it up; odd activations and attention alone leave it ≈ 0.
+- intra-sequence: mean pairwise cosine across the positions of one sequence, averaged over sequences. Causal
+  attention averages value vectors over the prefix and drives it up.
+The seed direction is the mean of the unit-normalised final states; the energy share of a layer is
+E[(x·s)²] / E[‖x‖²] for its last-position states x (1/d_model for a direction unrelated to the states).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Mapping
+
+import pandas as pd
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from lens_bias.adapter import ModelAdapter, Probe, last_position
+from lens_bias.analysis import Analysis, Result
+from lens_bias.inputs import InputSpec
+from lens_bias.stats import mean_pairwise_cosine, unit
+
+__all__ = ["Contraction", "ContractionResult", "intra_probe"]
+
+
+def intra_probe(hook: str) -> Probe:
+    """Mean pairwise cosine across the positions of each sequence, reduced inside the hook: [batch, pos, d] -> [batch]."""
+    return Probe(hook, "intra_cosine", mean_pairwise_cosine)
+
+
+@dataclass
+class ContractionResult(Result):
+    """Per-layer inter/intra-sequence cosine and the build-up of the seed direction."""
+
+    layers: list[str]  # "embed", "0" … str(n_layers - 1), "final"
+    hooks: list[str]
+    inter: Float[Tensor, "layer"]
+    intra: Float[Tensor, "layer"]
+    energy_share: Float[Tensor, "layer"]  # E[(x·s)²]/E[‖x‖²] along the final seed direction s
+    cos_to_seed: Float[Tensor, "layer"]  # cosine between each layer's mean direction and s
+    seed_direction: Float[Tensor, "d_model"]  # unit vector: mean of the unit-normalised final states
+    n: int
+
+    def to_pandas(self) -> pd.DataFrame:
+        return pd.DataFrame(
+            {
+                "layer": self.layers,
+                "hook": self.hooks,
+                "inter": self.inter.tolist(),
+                "intra": self.intra.tolist(),
+                "energy_share": self.energy_share.tolist(),
+                "cos_to_seed": self.cos_to_seed.tolist(),
+            }
+        )
+
+    def headline(self) -> dict[str, Any]:
+        return {
+            "inter_final": self.inter[-1].item(),
+            "intra_final": self.intra[-1].item(),
+            "energy_share_final": self.energy_share[-1].item(),
+            "inter_embed": self.inter[0].item(),
+            "intra_embed": self.intra[0].item(),
+        }
+
+    def summary(self) -> str:
+        d = self.seed_direction.numel()
+        rows = "\n".join(
+            f"  {layer:>6}  inter {i:+.3f}  intra {a:+.3f}  energy along seed {e:.3f}"
+            for layer, i, a, e in zip(self.layers, self.inter.tolist(), self.intra.tolist(), self.energy_share.tolist())
+        )
+        return (
+            f"contraction (last position across {self.n} sequences = inter; positions within a sequence = intra;\n"
+            f"  energy along the final seed direction, chance level 1/d = {1 / d:.4f}):\n{rows}"
+        )
+
+
+@dataclass(frozen=True)
+class Contraction(Analysis):
+    """Inter- and intra-sequence cosine at the embedding, after every block, and after the final norm."""
+
+    name: ClassVar[str] = "contraction"
+
+    def _hooks(self, adapter: ModelAdapter) -> tuple[list[str], list[str]]:
+        n_layers = adapter.info.n_layers
+        labels = ["embed"] + [str(layer) for layer in range(n_layers)] + ["final"]
+        hooks = ["blocks.0.hook_resid_pre"] + [f"blocks.{layer}.hook_resid_post" for layer in range(n_layers)]
+        return labels, hooks + ["ln_final.hook_normalized"]
+
+    def probes(self, adapter: ModelAdapter) -> list[Probe]:
+        _, hooks = self._hooks(adapter)
+        return [p for h in hooks for p in (last_position(h), intra_probe(h))]
+
+    def finalize(self, adapter: ModelAdapter, kept: Mapping[str, Tensor], spec: InputSpec) -> ContractionResult:
+        labels, hooks = self._hooks(adapter)
+        last = torch.stack([kept[last_position(h).key] for h in hooks])  # [layer, N, d]
+        intra = torch.stack([kept[intra_probe(h).key].mean() for h in hooks])  # [layer]
+        mean_dirs = unit(unit(last).mean(dim=1))  # [layer, d]
+        seed = mean_dirs[-1]
+        energy = (last @ seed).pow(2).mean(dim=1) / last.pow(2).sum(dim=-1).mean(dim=1)
+        return ContractionResult(
+            layers=labels,
+            hooks=hooks,
+            inter=mean_pairwise_cosine(last),
+            intra=intra,
+            energy_share=energy,
+            cos_to_seed=mean_dirs @ seed,
+            seed_direction=seed,
+            n=last.shape[1],
+        )

@@ -1,0 +1,160 @@
+"""Token preference: which next tokens a model favours over random input sequences.
+
+p̄ = (1/N) Σ_i softmax(logits_i[last]) is the mean next-token distribution at the readout position. A neutral
+model has p̄ ≈ 1/V everywhere; a randomly initialised one prefers some tokens by orders of magnitude (at width),
+and which ones is fixed by the init seed: the mean-logit vectors of two disjoint halves of the inputs agree
+(Kendall τ high), those of two seeds do not (τ ≈ 0). Logits are computed from the final normalized state at
+the last position only, never as ``[N, T, V]``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar, Mapping
+
+import pandas as pd
+import torch
+from jaxtyping import Float, Int
+from scipy.stats import kendalltau
+from torch import Tensor
+
+from lens_bias.adapter import ModelAdapter, Probe, last_position
+from lens_bias.analysis import Analysis, Result
+from lens_bias.inputs import InputSpec
+
+__all__ = ["TokenPreference", "TokenPreferenceResult", "READOUT_HOOK"]
+
+READOUT_HOOK = "ln_final.hook_normalized"
+
+# Rows of logits computed at once: bounds memory at chunk × d_vocab floats.
+_LOGIT_CHUNK = 256
+
+
+@dataclass
+class TokenPreferenceResult(Result):
+    """Mean next-token distribution over random inputs and how lopsided it is."""
+
+    p_bar: Float[Tensor, "d_vocab"]  # mean softmax at the last position (float64)
+    mean_logits: Float[Tensor, "d_vocab"]  # mean logits at the last position (float64)
+    argmax_counts: Int[Tensor, "d_vocab"]  # how many inputs have each token as their argmax
+    tau_halves: float  # Kendall τ-b between the mean logits of inputs [0, N/2) and [N/2, N)
+    n: int
+    top_k: int
+    token_strings: list[str] | None  # decoded vocabulary when the model has a tokenizer
+
+    @property
+    def d_vocab(self) -> int:
+        return self.p_bar.numel()
+
+    @property
+    def max_min_ratio(self) -> float:
+        """max p̄ / min p̄: 1 for a neutral model."""
+        return (self.p_bar.max() / self.p_bar.min()).item()
+
+    @property
+    def uniform_ratio(self) -> float:
+        """V · max p̄: how many times more likely the favourite token is than under the uniform distribution."""
+        return (self.d_vocab * self.p_bar.max()).item()
+
+    @property
+    def entropy_ratio(self) -> float:
+        """H(p̄) / log V: 1 for the uniform distribution."""
+        p = self.p_bar[self.p_bar > 0]
+        return (-(p * p.log()).sum() / math.log(self.d_vocab)).item()
+
+    @property
+    def argmax_share(self) -> float:
+        """Share of inputs whose argmax is the most common argmax."""
+        return self.argmax_counts.max().item() / self.n
+
+    @property
+    def distinct_argmax(self) -> int:
+        """Number of distinct argmax tokens over the inputs."""
+        return int((self.argmax_counts > 0).sum())
+
+    def to_pandas(self) -> pd.DataFrame:
+        """The ``top_k`` most preferred tokens: p̄, its ratio to uniform, and how often each is the argmax."""
+        order = torch.argsort(self.p_bar, descending=True)[: self.top_k]
+        return pd.DataFrame(
+            {
+                "rank": range(1, len(order) + 1),
+                "token": order.tolist(),
+                "token_str": [self.token_strings[i] for i in order] if self.token_strings else [None] * len(order),
+                "p_bar": self.p_bar[order].tolist(),
+                "ratio_to_uniform": (self.p_bar[order] * self.d_vocab).tolist(),
+                "mean_logit": self.mean_logits[order].tolist(),
+                "argmax_count": self.argmax_counts[order].tolist(),
+            }
+        )
+
+    def headline(self) -> dict[str, Any]:
+        return {
+            "max_min_ratio": self.max_min_ratio,
+            "uniform_ratio": self.uniform_ratio,
+            "entropy_ratio": self.entropy_ratio,
+            "argmax_share": self.argmax_share,
+            "distinct_argmax": self.distinct_argmax,
+            "tau_halves": self.tau_halves,
+        }
+
+    def summary(self) -> str:
+        top = self.to_pandas().head(5)
+        names = ", ".join(
+            f"{t if s is None else repr(s)} ({r:.1f}×)" for t, s, r in zip(top.token, top.token_str, top.ratio_to_uniform)
+        )
+        return (
+            f"token preference over {self.n} random inputs (V = {self.d_vocab}):\n"
+            f"  max/min p̄ = {self.max_min_ratio:.3g}, V·max p̄ = {self.uniform_ratio:.3g}, "
+            f"H(p̄)/log V = {self.entropy_ratio:.4f}\n"
+            f"  argmax: {self.distinct_argmax} distinct tokens, the most common takes {self.argmax_share:.1%} of inputs\n"
+            f"  seed-fixed: Kendall τ between the mean logits of two disjoint input halves = {self.tau_halves:.3f}\n"
+            f"  favourites: {names}"
+        )
+
+
+@dataclass(frozen=True)
+class TokenPreference(Analysis):
+    """Measure p̄ over the inputs from the final normalized state at the last position."""
+
+    name: ClassVar[str] = "token_preference"
+    top_k: int = 20  # rows of the favourites table
+
+    def probes(self, adapter: ModelAdapter) -> list[Probe]:
+        return [last_position(READOUT_HOOK)]
+
+    def finalize(self, adapter: ModelAdapter, kept: Mapping[str, Tensor], spec: InputSpec) -> TokenPreferenceResult:
+        final = kept[last_position(READOUT_HOOK).key]  # [N, d_model]
+        n = final.shape[0]
+        half = n // 2
+        d_vocab = adapter.info.d_vocab
+        p_sum = torch.zeros(d_vocab, dtype=torch.float64)
+        logit_sums = torch.zeros(2, d_vocab, dtype=torch.float64)  # first half, second half
+        argmax_counts = torch.zeros(d_vocab, dtype=torch.long)
+        for start in range(0, n, _LOGIT_CHUNK):
+            logits = adapter.unembed(final[start : start + _LOGIT_CHUNK]).cpu().double()  # [chunk, V]
+            p_sum += logits.softmax(dim=-1).sum(0)
+            argmax_counts += torch.bincount(logits.argmax(dim=-1), minlength=d_vocab)
+            rows = torch.arange(start, start + logits.shape[0])
+            logit_sums[0] += logits[rows < half].sum(0)
+            logit_sums[1] += logits[rows >= half].sum(0)
+        tau = float("nan")
+        if half >= 1:
+            tau = float(kendalltau(logit_sums[0].numpy(), logit_sums[1].numpy()).statistic)
+        return TokenPreferenceResult(
+            p_bar=p_sum / n,
+            mean_logits=logit_sums.sum(0) / n,
+            argmax_counts=argmax_counts,
+            tau_halves=tau,
+            n=n,
+            top_k=self.top_k,
+            token_strings=_token_strings(adapter.model, d_vocab),
+        )
+
+
+def _token_strings(model: Any, d_vocab: int) -> list[str] | None:
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is None:
+        return None
+    known = min(len(tokenizer), d_vocab)  # models often pad d_vocab beyond the tokenizer's vocabulary
+    return list(tokenizer.convert_ids_to_tokens(list(range(known)))) + [f"<{i}>" for i in range(known, d_vocab)]

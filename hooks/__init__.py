@@ -1,0 +1,3 @@
+"""Interventions: named, reusable edits of a TransformerLens forward pass (``lens_bias.hooks``)."""
+
+__all__: list[str] = []

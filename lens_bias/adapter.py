@@ -1,0 +1,335 @@
+"""One adapter for every TransformerLens model: TL 4.x ``TransformerBridge``, TL 3.x ``HookedTransformer``, or
+any ``HookedRootModule`` with the standard hook names.
+
+Analyses never touch the model directly. They hand the adapter :class:`Probe` s (a hook name plus a reduction
+applied *inside* the hook, e.g. "keep the last position"), and the adapter runs batched forward passes under
+``torch.inference_mode`` with the probes and any interventions attached through the model's own scoped
+``model.hooks(...)`` context. Only the reduced tensors are kept, so memory does not grow with the sequence
+length, and the forward pass stops as soon as every probe has fired (the unembedding over all positions is
+never computed when nothing reads it).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Iterable, Mapping, Sequence, Union
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from . import _tl
+from .errors import LensBiasError
+from .inputs import Inputs, RandomEmbeddings
+
+__all__ = ["ModelAdapter", "ModelInfo", "Probe", "HookFn", "FwdHook", "last_position"]
+
+logger = logging.getLogger(__name__)
+
+HookFn = Callable[..., Union[Tensor, None]]  # TransformerLens hook signature: fn(activation, hook) -> tensor | None
+FwdHook = tuple[str, HookFn]
+
+# Hook points after the final norm: a run that stops at the final norm never reaches them.
+_AFTER_FINAL_NORM = ("hook_unembed", "unembed.")
+
+# Memory budgets for the default batch size: tokens in flight, and floats in one layer's attention pattern.
+_TOKENS_PER_BATCH = 2**15
+_PATTERN_FLOATS_PER_BATCH = 2**26
+
+
+@dataclass(frozen=True)
+class Probe:
+    """Read one hook point: ``fn`` reduces the activation ``[batch, ...]`` to what is kept, ``[batch, ...]``.
+
+    Probes with the same ``key`` are computed once, so two analyses asking for the same reduction share it.
+    """
+
+    hook: str
+    reduction: str  # a name for what fn keeps, e.g. "last"; part of the key
+    fn: Callable[[Tensor], Tensor]
+
+    @property
+    def key(self) -> str:
+        return f"{self.hook}:{self.reduction}"
+
+
+def last_position(hook: str) -> Probe:
+    """A probe that keeps the last position of ``hook``: ``[batch, pos, d] -> [batch, d]``."""
+    return Probe(hook, "last", lambda x: x[:, -1])
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What lens_bias knows about a model's architecture (read from ``model.cfg``)."""
+
+    family: str  # "bridge" (TL 4.x TransformerBridge), "hooked" (TL 3.x HookedTransformer) or "hooked-root"
+    architecture: str | None
+    n_layers: int
+    d_model: int
+    n_heads: int
+    d_head: int
+    d_mlp: int | None
+    d_vocab: int
+    n_ctx: int
+    act_fn: str | None
+    gated_mlp: bool
+    normalization: str | None  # "LN", "RMS", ... or None
+    positional_embedding: str  # "learned", "rotary", "none", ...
+    attn_only: bool
+    device: str
+    dtype: str
+    tl_version: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "ModelInfo":
+        return cls(**d)
+
+
+class _StopForward(Exception):
+    """Raised inside the last probe hook to end a forward pass whose remaining layers nobody reads."""
+
+
+def _family(model: Any) -> str:
+    bridge = _tl.bridge_class()
+    if bridge is not None and isinstance(model, bridge):
+        return "bridge"
+    hooked = _tl.hooked_transformer_classes()
+    if hooked is not None and isinstance(model, hooked[0]):
+        return "hooked"
+    if isinstance(model, torch.nn.Module) and hasattr(model, "hook_dict") and hasattr(model, "hooks"):
+        return "hooked-root"
+    raise TypeError(
+        f"lens_bias needs a TransformerLens model (TransformerBridge on TL 4.x, HookedTransformer on TL 3.x, or a "
+        f"HookedRootModule with the standard hook names); got {type(model).__module__}.{type(model).__name__}. "
+        "Build one with lens_bias.models.random_init(...), or wrap a Hugging Face model with "
+        "TransformerBridge.boot_transformers(name) / build_bridge_from_module(hf_model, architecture)."
+    )
+
+
+def _positional(model: Any, cfg: Any) -> str:
+    spec = getattr(model, "lens_bias_spec", None)
+    if spec is not None:  # lens_bias factories record "none", which TL configs cannot express
+        return spec.positional_embedding
+    kind = getattr(cfg, "positional_embedding_type", None) or "standard"
+    return "learned" if kind == "standard" else kind
+
+
+class ModelAdapter:
+    """Reads a TransformerLens model's configuration and runs hooked, batched forward passes on it.
+
+    >>> import lens_bias
+    >>> m = lens_bias.models.random_init("gpt2", d_model=64, n_layers=2, n_heads=4, d_vocab=100, n_ctx=16)
+    >>> adapter = ModelAdapter(m)
+    >>> adapter.info.n_layers, adapter.info.positional_embedding
+    (2, 'learned')
+    >>> out = adapter.collect(lens_bias.random_tokens(3, 16, 100), [last_position("ln_final.hook_normalized")],
+    ...                       progress=False)
+    >>> out["ln_final.hook_normalized:last"].shape
+    torch.Size([3, 64])
+
+    Args:
+        model: the model; it is never modified (hooks are scoped, weights are not written).
+    """
+
+    def __init__(self, model: Any):
+        self.family = _family(model)
+        self.model = model
+        cfg = getattr(model, "cfg", None)
+        if cfg is None:
+            raise TypeError(f"{type(model).__name__} has no .cfg; lens_bias reads the architecture from a TL config")
+        param = next(model.parameters(), None)
+        if param is None:
+            raise TypeError(f"{type(model).__name__} has no parameters")
+        n_heads = int(cfg.n_heads)
+        d_model = int(cfg.d_model)
+        self.info = ModelInfo(
+            family=self.family,
+            architecture=getattr(cfg, "original_architecture", None) or getattr(cfg, "architecture", None),
+            n_layers=int(cfg.n_layers),
+            d_model=d_model,
+            n_heads=n_heads,
+            d_head=int(getattr(cfg, "d_head", 0) or d_model // n_heads),
+            d_mlp=None if getattr(cfg, "attn_only", False) else getattr(cfg, "d_mlp", None),
+            d_vocab=int(cfg.d_vocab),
+            n_ctx=int(cfg.n_ctx),
+            act_fn=getattr(cfg, "act_fn", None),
+            gated_mlp=bool(getattr(cfg, "gated_mlp", False)),
+            normalization=getattr(cfg, "normalization_type", None),
+            positional_embedding=_positional(model, cfg),
+            attn_only=bool(getattr(cfg, "attn_only", False)),
+            device=str(param.device),
+            dtype=str(param.dtype).removeprefix("torch."),
+            tl_version=_tl.tl_version(),
+        )
+
+    # ---- hook names ---------------------------------------------------------------------------------------
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    def has_hook(self, name: str) -> bool:
+        return name in self.model.hook_dict
+
+    def require(self, names: Iterable[str], purpose: str) -> None:
+        """Raise a clear error if any hook in ``names`` is missing from the model."""
+        missing = [n for n in names if not self.has_hook(n)]
+        if missing:
+            raise LensBiasError(
+                f"{purpose} needs hook point(s) {missing} that this {type(self.model).__name__} does not have. "
+                "lens_bias works with TransformerLens models that use the standard hook names "
+                "(see model.hook_dict for what yours has)."
+            )
+
+    def default_batch_size(self, seq_len: int) -> int:
+        """Sequences per forward pass that keep activations and one attention pattern within a few hundred MB."""
+        by_tokens = _TOKENS_PER_BATCH // seq_len
+        by_pattern = _PATTERN_FLOATS_PER_BATCH // (self.info.n_heads * seq_len * seq_len)
+        return max(1, min(by_tokens, by_pattern))
+
+    # ---- running ------------------------------------------------------------------------------------------
+
+    def check_inputs(self, inputs: Inputs) -> None:
+        """Raise a clear error for inputs this model cannot take."""
+        seq_len = inputs.shape[1]
+        if seq_len > self.info.n_ctx:
+            raise LensBiasError(
+                f"seq_len {seq_len} exceeds the model's context n_ctx={self.info.n_ctx}; pass seq_len <= {self.info.n_ctx}"
+            )
+        if isinstance(inputs, RandomEmbeddings) or (isinstance(inputs, Tensor) and inputs.ndim == 3):
+            self.require(["hook_embed"], "embedding inputs")
+            if inputs.shape[2] != self.info.d_model:
+                raise LensBiasError(f"embedding inputs have width {inputs.shape[2]}, the model's d_model is {self.info.d_model}")
+
+    def collect(
+        self,
+        inputs: Inputs,
+        probes: Sequence[Probe],
+        *,
+        batch_size: int | None = None,
+        interventions: Sequence[FwdHook] = (),
+        progress: bool = True,
+        desc: str = "lens_bias",
+    ) -> dict[str, Float[Tensor, "n ..."]]:
+        """Run ``inputs`` through the model in batches and return each probe's kept values, by probe key.
+
+        Results are float32 CPU tensors concatenated over batches in input order. Hooks are attached with the
+        model's scoped ``model.hooks(...)`` context, so they are gone afterwards even on an exception or
+        KeyboardInterrupt; the model's train/eval mode is restored.
+
+        Args:
+            inputs: token IDs ``[n, seq]``, embeddings ``[n, seq, d_model]`` or :class:`RandomEmbeddings`.
+            probes: what to read; probes sharing a key are computed once.
+            batch_size: sequences per forward pass (default: :meth:`default_batch_size`).
+            interventions: extra ``(hook_name, fn)`` forward hooks that edit the pass (e.g. from lens_bias.hooks).
+            progress: show a tqdm bar over batches.
+            desc: label of the progress bar.
+
+        Returns:
+            ``{probe.key: tensor[n, ...]}``.
+        """
+        unique = {p.key: p for p in probes}
+        self.check_inputs(inputs)
+        self.require({p.hook for p in unique.values()} | {name for name, _ in interventions}, "this analysis")
+        n, seq_len = inputs.shape[0], inputs.shape[1]
+        batch_size = batch_size or self.default_batch_size(seq_len)
+        if batch_size < 1:
+            raise LensBiasError(f"batch_size must be >= 1, got {batch_size}")
+        is_embedding = not (isinstance(inputs, Tensor) and inputs.ndim == 2)
+
+        by_hook: dict[str, list[Probe]] = defaultdict(list)
+        for probe in unique.values():
+            by_hook[probe.hook].append(probe)
+        probe_hooks = set(by_hook)
+        kept: dict[str, list[Tensor]] = {key: [] for key in unique}
+        fired_this_batch: set[str] = set()
+        fired_ever: set[str] = set()
+        current: dict[str, Tensor] = {}
+
+        def make_probe_hook(hook_name: str, group: list[Probe]) -> HookFn:
+            def hook_fn(activation: Tensor, hook: Any) -> None:
+                for probe in group:
+                    kept[probe.key].append(probe.fn(activation).detach().float().cpu())
+                fired_this_batch.add(hook_name)
+                if fired_this_batch >= probe_hooks:
+                    raise _StopForward
+
+            return hook_fn
+
+        def make_counted(hook_name: str, fn: HookFn) -> HookFn:
+            def hook_fn(activation: Tensor, hook: Any) -> Union[Tensor, None]:
+                fired_ever.add(hook_name)
+                return fn(activation, hook)
+
+            return hook_fn
+
+        def replace_embedding(activation: Tensor, hook: Any) -> Tensor:
+            emb = current["embeddings"]
+            if emb.shape != activation.shape:
+                raise LensBiasError(f"embedding batch {tuple(emb.shape)} does not match hook_embed {tuple(activation.shape)}")
+            return emb.to(device=activation.device, dtype=activation.dtype)
+
+        # Order: the embedding replacement first, interventions next, probes last, so a probe on the same hook
+        # point as an intervention reads the edited activation.
+        fwd_hooks: list[FwdHook] = []
+        if is_embedding:
+            fwd_hooks.append(("hook_embed", make_counted("hook_embed", replace_embedding)))
+        fwd_hooks += [(name, make_counted(name, fn)) for name, fn in interventions]
+        fwd_hooks += [(name, make_probe_hook(name, group)) for name, group in by_hook.items()]
+
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.inference_mode(), self.model.hooks(fwd_hooks=fwd_hooks):
+                starts = range(0, n, batch_size)
+                for start in tqdm(starts, desc=desc, disable=not progress, unit="batch"):
+                    stop = min(start + batch_size, n)
+                    if is_embedding:
+                        current["embeddings"] = inputs[start:stop]
+                        tokens = torch.zeros(stop - start, seq_len, dtype=torch.long, device=self.device)
+                    else:
+                        tokens = inputs[start:stop].to(self.device)
+                    fired_this_batch.clear()
+                    try:
+                        self.model(tokens)
+                    except _StopForward:
+                        pass
+                    if fired_this_batch != probe_hooks:
+                        raise LensBiasError(
+                            f"hook point(s) {sorted(probe_hooks - fired_this_batch)} never fired during the forward "
+                            f"pass of this {type(self.model).__name__}: they exist but are not on its computation path"
+                        )
+        finally:
+            self.model.train(was_training)
+        silent = sorted(
+            name
+            for name in ({"hook_embed"} if is_embedding else set()) | {name for name, _ in interventions}
+            if name not in fired_ever and not (probe_hooks and name.startswith(_AFTER_FINAL_NORM))
+        )
+        if silent:
+            raise LensBiasError(
+                f"intervention hook(s) {silent} never fired on this {type(self.model).__name__}: the edit had no "
+                "effect, so the results would be those of the unedited model"
+            )
+        return {key: torch.cat(values) for key, values in kept.items()}
+
+    def unembed(self, resid: Float[Tensor, "batch d_model"]) -> Float[Tensor, "batch d_vocab"]:
+        """Logits from final normalized states (``ln_final.hook_normalized``), as float32.
+
+        Lets analyses compute logits at the readout position only, never ``[n, seq, d_vocab]``.
+        """
+        x = resid.to(device=self.device, dtype=self.dtype)[:, None, :]
+        with torch.inference_mode():
+            logits = self.model.unembed(x)[:, 0].float()
+        cap = float(getattr(self.model.cfg, "output_logits_soft_cap", -1.0) or -1.0)
+        return cap * torch.tanh(logits / cap) if cap > 0 else logits

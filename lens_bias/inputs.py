@@ -1,0 +1,176 @@
+"""Random inputs: the protocol of the born-biased papers (uniform token IDs, no BOS; or Gaussian embeddings).
+
+Everything here is seeded through a local ``torch.Generator`` so that a number in a report can be reproduced
+by hand: ``analyze(model, seed=s)`` analyses exactly ``random_tokens(n, seq_len, d_vocab, seed=s)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Union
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from .errors import LensBiasError
+
+__all__ = ["random_tokens", "random_embeddings", "RandomEmbeddings", "InputSpec", "Inputs", "resolve_inputs"]
+
+
+def _check_count(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise LensBiasError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def random_tokens(
+    n: int, seq_len: int, vocab: int, seed: int = 42, *, device: Union[str, torch.device, None] = None
+) -> Int[Tensor, "n seq"]:
+    """Token IDs drawn i.i.d. uniform from ``[0, vocab)``, no BOS.
+
+    >>> random_tokens(2, 5, vocab=100, seed=42).shape
+    torch.Size([2, 5])
+
+    Args:
+        n: number of sequences.
+        seq_len: tokens per sequence.
+        vocab: IDs are drawn from ``[0, vocab)``; use the smallest vocabulary of the models you compare.
+        seed: seed of the local generator (the papers use 42).
+        device: where to put the result (drawn on CPU, so the IDs do not depend on the device).
+
+    Returns:
+        A ``torch.long`` tensor of shape ``[n, seq_len]``.
+    """
+    _check_count("n", n, 1)
+    _check_count("seq_len", seq_len, 1)
+    _check_count("vocab", vocab, 1)
+    generator = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, vocab, (n, seq_len), generator=generator)
+    return tokens if device is None else tokens.to(device)
+
+
+@dataclass(frozen=True)
+class RandomEmbeddings:
+    """Lazily drawn Gaussian input embeddings ``N(mean, std)`` of shape ``[n, seq_len, d_model]``.
+
+    Row ``i`` comes from its own generator seeded with ``(seed << 32) | i``, so a row is the same whatever
+    batch it is drawn in, and ``n × seq_len × d_model`` floats are never held at once.
+
+    >>> emb = RandomEmbeddings(n=4, seq_len=3, d_model=8, mean=0.0, std=0.02, seed=42)
+    >>> torch.equal(emb[1:3], emb.tensor()[1:3])
+    True
+    """
+
+    n: int
+    seq_len: int
+    d_model: int
+    mean: float
+    std: float
+    seed: int = 42
+
+    def __post_init__(self) -> None:
+        _check_count("n", self.n, 1)
+        _check_count("seq_len", self.seq_len, 1)
+        _check_count("d_model", self.d_model, 1)
+        if not 0 <= self.seed < 2**31:
+            raise LensBiasError(f"seed must be in [0, 2**31) for RandomEmbeddings, got {self.seed}")
+
+    def __len__(self) -> int:
+        return self.n
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return (self.n, self.seq_len, self.d_model)
+
+    def __getitem__(self, rows: slice) -> Float[Tensor, "batch seq d_model"]:
+        if not isinstance(rows, slice):
+            raise TypeError("RandomEmbeddings supports slices only, e.g. emb[0:32]")
+        out = [self._row(i) for i in range(*rows.indices(self.n))]
+        return torch.stack(out) if out else torch.empty(0, self.seq_len, self.d_model)
+
+    def _row(self, i: int) -> Float[Tensor, "seq d_model"]:
+        generator = torch.Generator().manual_seed((self.seed << 32) | i)
+        return torch.randn(self.seq_len, self.d_model, generator=generator) * self.std + self.mean
+
+    def tensor(self) -> Float[Tensor, "n seq d_model"]:
+        """All rows at once (``n × seq_len × d_model`` floats: mind the memory)."""
+        return self[0 : self.n]
+
+
+def random_embeddings(model: Any, n: int, seq_len: int, seed: int = 42) -> RandomEmbeddings:
+    """Gaussian input embeddings with the mean and std of ``model``'s own embedding matrix.
+
+    The model receives them in place of its token embedding (lens_bias replaces the output of ``hook_embed``),
+    so learned position embeddings, where the model has them, are still added.
+
+    >>> import lens_bias
+    >>> m = lens_bias.models.random_init("gpt2", d_model=64, n_layers=2, n_heads=4, d_vocab=100, n_ctx=16)
+    >>> round(random_embeddings(m, 8, 16).std, 2)
+    0.02
+
+    Args:
+        model: a TransformerLens model (its ``W_E`` is read, never modified).
+        n: number of sequences.
+        seq_len: positions per sequence.
+        seed: seed of the per-row generators.
+
+    Returns:
+        A :class:`RandomEmbeddings` that draws rows on demand.
+    """
+    w_e = getattr(model, "W_E", None)
+    if not isinstance(w_e, Tensor):
+        raise TypeError(f"random_embeddings needs a TransformerLens model with a W_E matrix, got {type(model).__name__}")
+    w_e = w_e.detach().float()
+    return RandomEmbeddings(n=n, seq_len=seq_len, d_model=w_e.shape[-1], mean=w_e.mean().item(), std=w_e.std().item(), seed=seed)
+
+
+Inputs = Union[Int[Tensor, "n seq"], Float[Tensor, "n seq d_model"], RandomEmbeddings]
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """What an analysis was run on: enough to regenerate the inputs."""
+
+    kind: str  # "tokens" or "embeddings"
+    n: int
+    seq_len: int
+    seed: int | None  # None when the user passed their own tensor
+    vocab: int | None = None  # token inputs: IDs were drawn from [0, vocab)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "InputSpec":
+        return cls(**d)
+
+
+def resolve_inputs(
+    inputs: Union[str, Inputs], *, model: Any, d_vocab: int, n_sequences: int, seq_len: int, seed: int
+) -> tuple[Inputs, InputSpec]:
+    """Turn ``"tokens"`` / ``"embeddings"`` / a tensor into concrete inputs plus their :class:`InputSpec`."""
+    if isinstance(inputs, str):
+        _check_count("n_sequences", n_sequences, 1)
+        _check_count("seq_len", seq_len, 1)
+        if inputs == "tokens":
+            return random_tokens(n_sequences, seq_len, d_vocab, seed), InputSpec("tokens", n_sequences, seq_len, seed, d_vocab)
+        if inputs == "embeddings":
+            return random_embeddings(model, n_sequences, seq_len, seed), InputSpec("embeddings", n_sequences, seq_len, seed)
+        raise LensBiasError(f"inputs must be 'tokens', 'embeddings' or a tensor, got {inputs!r}")
+    if isinstance(inputs, RandomEmbeddings):
+        return inputs, InputSpec("embeddings", inputs.n, inputs.seq_len, inputs.seed)
+    if isinstance(inputs, Tensor):
+        if inputs.dtype in (torch.int64, torch.int32) and inputs.ndim == 2:
+            if inputs.numel() and (int(inputs.min()) < 0 or int(inputs.max()) >= d_vocab):
+                raise LensBiasError(f"token IDs must lie in [0, d_vocab={d_vocab}); got [{int(inputs.min())}, {int(inputs.max())}]")
+            return inputs.long(), InputSpec("tokens", inputs.shape[0], inputs.shape[1], None, None)
+        if inputs.is_floating_point() and inputs.ndim == 3:
+            return inputs, InputSpec("embeddings", inputs.shape[0], inputs.shape[1], None)
+        raise LensBiasError(
+            f"a tensor input must be token IDs [n, seq] (int64) or embeddings [n, seq, d_model] (float); "
+            f"got dtype {inputs.dtype} and shape {tuple(inputs.shape)}"
+        )
+    raise TypeError(f"inputs must be 'tokens', 'embeddings', a tensor or RandomEmbeddings, got {type(inputs).__name__}")

@@ -1,0 +1,303 @@
+"""Randomly initialised TransformerLens models, built offline and deterministically from a seed.
+
+``random_init("gpt2" | "llama" | "qwen2", ...)`` returns a TL 4.x ``TransformerBridge`` (TL-native for gpt2, a
+random Hugging Face model wrapped by ``build_bridge_from_module`` for llama / qwen2) or, on TL 3.x, a
+``HookedTransformer``. Weights follow the Hugging Face defaults of each architecture: N(0, 0.02) everywhere,
+and for gpt2 the residual-output projections (W_O, W_out) scaled by 1/√(2·n_layers) as in HF GPT-2. Every
+draw comes from a local ``torch.Generator`` seeded with ``seed``; the caller's global RNG is left as it was.
+
+Pretrained models for users who are online: ``TransformerBridge.boot_transformers("gpt2")`` (TL 4.x) or
+``HookedTransformer.from_pretrained("gpt2")`` (TL 3.x); every lens_bias function takes them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Callable, Iterable, Mapping, Union
+
+import torch
+
+from . import _tl
+from .errors import LensBiasError
+
+__all__ = ["ModelSpec", "random_init", "ARCHS", "ACTIVATIONS", "POSITIONAL_EMBEDDINGS"]
+
+ARCHS = ("gpt2", "llama", "qwen2")
+# Activations each architecture family can be built with.
+ACTIVATIONS = {
+    "gpt2": ("relu", "gelu", "gelu_new", "silu", "solu"),
+    "llama": ("silu", "gelu", "relu"),
+    "qwen2": ("silu", "gelu", "relu"),
+}
+POSITIONAL_EMBEDDINGS = {"gpt2": ("none", "learned", "rotary"), "llama": ("rotary",), "qwen2": ("rotary",)}
+_HF_ARCHITECTURE = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Everything needed to rebuild a random-init model exactly (recorded on the model as ``lens_bias_spec``)."""
+
+    # "gpt2": LayerNorm, plain MLP; "llama": RMSNorm, SwiGLU, RoPE, no biases; "qwen2": llama + q/k/v biases.
+    arch: str
+    # Width sets the logit spread (≈ σ√d), so it decides how extreme the token preference can get.
+    d_model: int = 256
+    # Depth lets the MLPs' shared direction accumulate (inter-sequence cosine rises with depth).
+    n_layers: int = 4
+    n_heads: int = 8
+    # The papers compare models over IDs < 32000; 8000 keeps CPU runs fast.
+    d_vocab: int = 8000
+    n_ctx: int = 256
+    # None: the architecture's own (gpt2 "gelu_new", llama/qwen2 "silu"). The MLP's asymmetry is the bias source.
+    act_fn: str | None = None
+    # None: gpt2 "learned", llama/qwen2 "rotary". Learned positions are shared across sequences and inflate the
+    # inter-sequence cosine on their own; "none" keeps a zero, frozen position table (the function has no positions).
+    positional_embedding: str | None = None
+    # None: 4·d_model (gpt2, qwen2) or 8/3·d_model rounded up to a multiple of 16 (llama).
+    d_mlp: int | None = None
+    # Attention-only blocks isolate intra-sequence aggregation (gpt2 only).
+    attn_only: bool = False
+    # The init seed: the bias the model is born with is a function of this alone.
+    seed: int = 0
+    # HF's initializer_range. TL's native default (0.8/√d) is larger and makes init attention visibly sharper.
+    init_std: float = 0.02
+
+    def resolved(self) -> "ModelSpec":
+        """A copy with every ``None`` default filled in and every field validated."""
+        if self.arch not in ARCHS:
+            raise LensBiasError(f"unknown arch {self.arch!r}; choose one of {', '.join(ARCHS)}")
+        act = self.act_fn or ("gelu_new" if self.arch == "gpt2" else "silu")
+        if act not in ACTIVATIONS[self.arch]:
+            raise LensBiasError(f"act_fn {act!r} is not available for arch {self.arch!r}; choose one of {ACTIVATIONS[self.arch]}")
+        pos = self.positional_embedding or ("learned" if self.arch == "gpt2" else "rotary")
+        if pos not in POSITIONAL_EMBEDDINGS[self.arch]:
+            raise LensBiasError(
+                f"positional_embedding {pos!r} is not available for arch {self.arch!r}; choose one of "
+                f"{POSITIONAL_EMBEDDINGS[self.arch]}"
+            )
+        for name in ("d_model", "n_layers", "n_heads", "d_vocab", "n_ctx"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise LensBiasError(f"{name} must be a positive int, got {value!r}")
+        if self.d_model % self.n_heads:
+            raise LensBiasError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        if self.attn_only and self.arch != "gpt2":
+            raise LensBiasError("attn_only=True is built for arch='gpt2' (use positional_embedding='rotary' or 'none')")
+        if not self.init_std > 0:
+            raise LensBiasError(f"init_std must be > 0, got {self.init_std}")
+        if not 0 <= self.seed < 2**63:
+            raise LensBiasError(f"seed must be a non-negative int, got {self.seed}")
+        d_mlp = self.d_mlp or (16 * math.ceil(8 * self.d_model / 3 / 16) if self.arch == "llama" else 4 * self.d_model)
+        return replace(self, act_fn=act, positional_embedding=pos, d_mlp=d_mlp)
+
+    @property
+    def d_head(self) -> int:
+        return self.d_model // self.n_heads
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "ModelSpec":
+        return cls(**d)
+
+
+def random_init(
+    arch: Union[str, ModelSpec] = "gpt2",
+    *,
+    backend: str = "auto",
+    device: Union[str, torch.device, None] = None,
+    dtype: torch.dtype | None = None,
+    **spec: Any,
+) -> Any:
+    """Build a randomly initialised TransformerLens model, offline.
+
+    >>> m = random_init("gpt2", d_model=64, n_layers=2, n_heads=4, d_vocab=100, n_ctx=32, act_fn="relu", seed=0)
+    >>> m.cfg.d_model, m.lens_bias_spec.seed
+    (64, 0)
+
+    Args:
+        arch: "gpt2", "llama" or "qwen2", or a :class:`ModelSpec` (then no other spec keywords).
+        backend: "auto" (TransformerBridge on TL 4.x, HookedTransformer on TL 3.x), "bridge" or "hooked".
+        device: where the model lives (weights are drawn on CPU, so they do not depend on the device).
+        dtype: e.g. ``torch.bfloat16``; weights are drawn in float32 and cast.
+        **spec: the fields of :class:`ModelSpec` (d_model, n_layers, n_heads, d_vocab, n_ctx, act_fn,
+            positional_embedding, d_mlp, attn_only, seed, init_std).
+
+    Returns:
+        The model, with its :class:`ModelSpec` as ``model.lens_bias_spec``.
+    """
+    if isinstance(arch, ModelSpec):
+        if spec:
+            raise TypeError(f"pass either a ModelSpec or keyword fields, not both (got {sorted(spec)})")
+        model_spec = arch.resolved()
+    else:
+        unknown = set(spec) - set(ModelSpec.__dataclass_fields__)
+        if unknown:
+            raise TypeError(f"random_init got unknown argument(s) {sorted(unknown)}; valid: {sorted(ModelSpec.__dataclass_fields__)}")
+        model_spec = ModelSpec(arch=arch, **spec).resolved()
+    backend = _resolve_backend(backend)
+    # Constructors draw default inits from the global RNG before we overwrite them: fork it so the caller's
+    # RNG state is exactly as it was.
+    with torch.random.fork_rng(devices=[]):
+        if backend == "hooked":
+            model = _build_hooked(model_spec)
+        elif model_spec.arch == "gpt2":
+            model = _build_native(model_spec)
+        else:
+            model = _build_hf(model_spec)
+    # TL's .to() logs even when nothing changes; only call it when something does.
+    if device is not None and torch.device(device) != torch.device("cpu"):
+        model = model.to(device)
+    if dtype is not None and dtype != torch.float32:
+        model = model.to(dtype)
+    model.eval()
+    model.lens_bias_spec = model_spec
+    return model
+
+
+def _resolve_backend(backend: str) -> str:
+    has_hooked = _tl.hooked_transformer_classes() is not None
+    if backend == "auto":
+        return "bridge" if _tl.tl_major() >= 4 or not has_hooked else "hooked"
+    if backend == "hooked" and not has_hooked:
+        raise LensBiasError(f"backend='hooked' needs TransformerLens 3.x (HookedTransformer); {_tl.tl_version()} has only TransformerBridge")
+    if backend == "bridge" and _tl.tl_major() < 4:
+        raise LensBiasError(f"backend='bridge' needs TransformerLens 4.x; {_tl.tl_version()} is installed (use backend='hooked')")
+    if backend not in ("bridge", "hooked"):
+        raise LensBiasError(f"backend must be 'auto', 'bridge' or 'hooked', got {backend!r}")
+    return backend
+
+
+def _normal(generator: torch.Generator, std: float) -> Callable[[torch.Tensor], None]:
+    """An in-place N(0, std) init that draws on CPU in float32, so values do not depend on device or dtype."""
+
+    def init(t: torch.Tensor) -> None:
+        staged = torch.empty(t.shape, dtype=torch.float32).normal_(0.0, std, generator=generator)
+        with torch.no_grad():
+            t.copy_(staged)
+
+    return init
+
+
+def _init_params(
+    params: Iterable[tuple[str, torch.nn.Parameter]], spec: ModelSpec, is_output: Callable[[str], bool]
+) -> None:
+    """Re-initialise every parameter: matrices N(0, std) (outputs scaled for gpt2), norm gains 1, biases 0."""
+    generator = torch.Generator().manual_seed(spec.seed)
+    normal = _normal(generator, spec.init_std)
+    scale = 1 / math.sqrt(2 * spec.n_layers) if spec.arch == "gpt2" else 1.0
+    output = _normal(generator, spec.init_std * scale)
+    for name, p in params:
+        leaf = name.rsplit(".", 1)[-1]
+        with torch.no_grad():
+            if leaf == "bias" or (leaf.startswith("b") and leaf != "weight"):  # HF "bias", TL3 "b_Q", "b", ...
+                p.zero_()
+            elif p.ndim == 1 or leaf == "w":  # norm gains (HF 1-D "weight", TL3 "w")
+                p.fill_(1.0)
+            elif is_output(name):
+                output(p)
+            else:
+                normal(p)
+
+
+def _build_native(spec: ModelSpec) -> Any:
+    from transformer_lens.config import TransformerBridgeConfig
+    from transformer_lens.model_bridge.sources.native import boot
+
+    cfg = TransformerBridgeConfig(
+        d_model=spec.d_model,
+        d_head=spec.d_head,
+        n_layers=spec.n_layers,
+        n_ctx=spec.n_ctx,
+        n_heads=spec.n_heads,
+        d_vocab=spec.d_vocab,
+        d_mlp=spec.d_mlp,
+        act_fn=spec.act_fn,
+        normalization_type="LN",
+        positional_embedding_type="rotary" if spec.positional_embedding == "rotary" else "standard",
+        attn_only=spec.attn_only,
+        # The native "gpt2" init mode is HF GPT-2's: N(0, initializer_range), residual outputs / √(2·n_layers),
+        # drawn from a local generator seeded with `seed`.
+        init_mode="gpt2",
+        initializer_range=spec.init_std,
+        seed=spec.seed,
+        model_name=f"lens_bias-gpt2-seed{spec.seed}",
+        tokenizer_prepends_bos=False,
+    )
+    model = boot(cfg)
+    if spec.positional_embedding == "none":
+        _freeze_zero(model.original_model.pos.weight)
+    return model
+
+
+def _build_hf(spec: ModelSpec) -> Any:
+    from transformer_lens.model_bridge.sources._bridge_builder import build_bridge_from_module
+
+    common = dict(
+        vocab_size=spec.d_vocab,
+        hidden_size=spec.d_model,
+        intermediate_size=spec.d_mlp,
+        num_hidden_layers=spec.n_layers,
+        num_attention_heads=spec.n_heads,
+        num_key_value_heads=spec.n_heads,
+        hidden_act=spec.act_fn,
+        max_position_embeddings=spec.n_ctx,
+        initializer_range=spec.init_std,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        # Eager attention materialises the pattern, so hook_pattern edits act on the real computation.
+        attn_implementation="eager",
+    )
+    if spec.arch == "llama":
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        hf = LlamaForCausalLM(LlamaConfig(**common, attention_bias=False, mlp_bias=False))
+    else:
+        from transformers import Qwen2Config, Qwen2ForCausalLM
+
+        hf = Qwen2ForCausalLM(Qwen2Config(**common, use_sliding_window=False))
+    _init_params(hf.named_parameters(), spec, is_output=lambda name: False)
+    hf.eval()
+    return build_bridge_from_module(hf, _HF_ARCHITECTURE[spec.arch], hf_config=hf.config, model_name=f"lens_bias-{spec.arch}-seed{spec.seed}")
+
+
+def _build_hooked(spec: ModelSpec) -> Any:
+    HookedTransformer, HookedTransformerConfig = _tl.hooked_transformer_classes()  # type: ignore[misc]
+    llama_like = spec.arch != "gpt2"
+    cfg = HookedTransformerConfig(
+        d_model=spec.d_model,
+        d_head=spec.d_head,
+        n_layers=spec.n_layers,
+        n_ctx=spec.n_ctx,
+        n_heads=spec.n_heads,
+        d_mlp=None if spec.attn_only else spec.d_mlp,
+        d_vocab=spec.d_vocab,
+        act_fn=spec.act_fn,
+        normalization_type="RMS" if llama_like else "LN",
+        final_rms=llama_like,
+        gated_mlp=llama_like,
+        eps=1e-6 if llama_like else 1e-5,
+        positional_embedding_type="rotary" if spec.positional_embedding == "rotary" else "standard",
+        rotary_dim=spec.d_head if spec.positional_embedding == "rotary" else None,
+        attn_only=spec.attn_only,
+        original_architecture=_HF_ARCHITECTURE[spec.arch],
+        model_name=f"lens_bias-{spec.arch}-seed{spec.seed}",
+        # lens_bias draws the weights itself: TL 3.x's seeded init would reseed the global RNG.
+        init_weights=False,
+        device="cpu",
+        default_prepend_bos=False,
+    )
+    model = HookedTransformer(cfg)
+    outputs = ("W_O", "W_out")
+    _init_params(model.named_parameters(), spec, is_output=lambda name: name.rsplit(".", 1)[-1] in outputs)
+    if spec.positional_embedding == "none":
+        _freeze_zero(model.pos_embed.W_pos)
+    return model
+
+
+def _freeze_zero(table: torch.nn.Parameter) -> None:
+    """Positional embedding "none": keep the (hooked) table, but at zero and out of training."""
+    with torch.no_grad():
+        table.zero_()
+    table.requires_grad_(False)

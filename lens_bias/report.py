@@ -1,0 +1,130 @@
+"""``analyze(model)``: the born-biased report of any TransformerLens model.
+
+A section is one :class:`~lens_bias.analysis.Analysis` in ``SECTIONS`` plus one field of :class:`BiasReport`;
+all requested sections share one batched forward pass over the same random inputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Sequence, Union
+
+import torch
+
+from lens_bias.analyses.contraction import Contraction, ContractionResult
+from lens_bias.analyses.token_preference import TokenPreference, TokenPreferenceResult
+
+from .adapter import ModelAdapter, ModelInfo
+from .analysis import Analysis, Result, run_analyses
+from .errors import LensBiasError
+from .inputs import Inputs, InputSpec, resolve_inputs
+
+__all__ = ["BiasReport", "analyze", "SECTIONS"]
+
+# Field name -> the analysis that fills it, in report order.
+SECTIONS: dict[str, type[Analysis]] = {
+    "token_preference": TokenPreference,
+    "contraction": Contraction,
+}
+
+
+@dataclass
+class BiasReport:
+    """What a model is born with, section by section; ``str(report)`` is the human summary."""
+
+    model: ModelInfo
+    inputs: InputSpec
+    token_preference: TokenPreferenceResult | None = None
+    contraction: ContractionResult | None = None
+
+    def sections(self) -> dict[str, Result]:
+        """The sections that were computed, by name."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name in SECTIONS and getattr(self, f.name) is not None}
+
+    def to_dict(self) -> dict[str, Any]:
+        """Model, inputs and each section's headline numbers and table, JSON-ready."""
+        return {
+            "model": self.model.to_dict(),
+            "inputs": self.inputs.to_dict(),
+            "sections": {
+                name: {"headline": r.headline(), "table": r.to_pandas().to_dict(orient="records")}
+                for name, r in self.sections().items()
+            },
+        }
+
+    def __str__(self) -> str:
+        m, i = self.model, self.inputs
+        pos = f"{m.positional_embedding} positions"
+        mlp = "attention-only" if m.attn_only else f"{'gated ' if m.gated_mlp else ''}{m.act_fn} MLP"
+        header = (
+            f"lens_bias report: {m.architecture or m.family}, d_model {m.d_model}, {m.n_layers} layers × {m.n_heads} heads, "
+            f"{mlp}, {m.normalization} norm, {pos}, V {m.d_vocab} ({m.family}, TL {m.tl_version}, {m.device}/{m.dtype})\n"
+            f"inputs: {i.n} random {i.kind} sequences of length {i.seq_len}"
+            + (f", seed {i.seed}" if i.seed is not None else "")
+        )
+        return "\n\n".join([header] + [r.summary() for r in self.sections().values()])
+
+
+def _check_device(adapter: ModelAdapter, device: Union[str, torch.device, None]) -> None:
+    if device is None:
+        return
+    want, have = torch.device(device), adapter.device
+    if want.type != have.type or (want.index is not None and want.index != have.index):
+        raise LensBiasError(
+            f"the model is on {have} but device={want} was requested; lens_bias never moves your model: "
+            f"call model.to({str(want)!r}) first, or leave device=None"
+        )
+
+
+def analyze(
+    model: Any,
+    *,
+    inputs: Union[str, Inputs] = "tokens",
+    n_sequences: int = 256,
+    seq_len: int = 128,
+    seed: int = 42,
+    batch_size: int | None = None,
+    device: Union[str, torch.device, None] = None,
+    progress: bool = True,
+    sections: Sequence[str] | None = None,
+) -> BiasReport:
+    """Measure what ``model`` is born with on random inputs: token preference, contraction, ...
+
+    With ``inputs="tokens"`` it analyses exactly ``lens_bias.random_tokens(n_sequences, seq_len, d_vocab, seed)``.
+
+    >>> import lens_bias
+    >>> m = lens_bias.models.random_init("gpt2", d_model=64, n_layers=2, n_heads=4, d_vocab=100, n_ctx=32,
+    ...                                  act_fn="relu", positional_embedding="none")
+    >>> report = analyze(m, n_sequences=16, seq_len=8, progress=False)
+    >>> list(report.contraction.to_pandas().layer)
+    ['embed', '0', '1', 'final']
+
+    Args:
+        model: a TL 4.x TransformerBridge, a TL 3.x HookedTransformer, or a HookedRootModule with standard hook
+            names. It is never modified.
+        inputs: "tokens", "embeddings" (Gaussian with the model's embedding mean/std), token IDs [n, seq],
+            embeddings [n, seq, d_model] or a RandomEmbeddings.
+        n_sequences: number of random sequences (ignored for tensor inputs); at least 2.
+        seq_len: tokens per sequence (ignored for tensor inputs); at least 2 and at most the model's n_ctx.
+        seed: seed of the random inputs.
+        batch_size: sequences per forward pass (default: sized to the sequence length).
+        device: the device the model is on, as a check; lens_bias does not move models.
+        progress: show a tqdm progress bar.
+        sections: which sections to compute (default: all of ``SECTIONS``).
+
+    Returns:
+        A :class:`BiasReport`.
+    """
+    adapter = ModelAdapter(model)
+    _check_device(adapter, device)
+    names = list(SECTIONS) if sections is None else list(sections)
+    unknown = [s for s in names if s not in SECTIONS]
+    if unknown:
+        raise LensBiasError(f"unknown section(s) {unknown}; choose from {list(SECTIONS)}")
+    data, spec = resolve_inputs(inputs, model=model, d_vocab=adapter.info.d_vocab, n_sequences=n_sequences, seq_len=seq_len, seed=seed)
+    if spec.n < 2:
+        raise LensBiasError(f"analyze needs at least 2 sequences (cosines between sequences), got {spec.n}")
+    if spec.seq_len < 2:
+        raise LensBiasError(f"analyze needs seq_len >= 2 (cosines between positions), got {spec.seq_len}")
+    results = run_analyses(adapter, data, spec, [SECTIONS[s]() for s in names], batch_size=batch_size, progress=progress)
+    return BiasReport(model=adapter.info, inputs=spec, **results)
