@@ -32,9 +32,6 @@ logger = logging.getLogger(__name__)
 HookFn = Callable[..., Union[Tensor, None]]  # TransformerLens hook signature: fn(activation, hook) -> tensor | None
 FwdHook = tuple[str, HookFn]
 
-# Hook points after the final norm: a run that stops at the final norm never reaches them.
-_AFTER_FINAL_NORM = ("hook_unembed", "unembed.")
-
 # Memory budgets for the default batch size: tokens in flight, and floats in one layer's attention pattern.
 _TOKENS_PER_BATCH = 2**15
 _PATTERN_FLOATS_PER_BATCH = 2**26
@@ -311,17 +308,28 @@ class ModelAdapter:
                         )
         finally:
             self.model.train(was_training)
-        silent = sorted(
-            name
-            for name in ({"hook_embed"} if is_embedding else set()) | {name for name, _ in interventions}
-            if name not in fired_ever and not (probe_hooks and name.startswith(_AFTER_FINAL_NORM))
-        )
+        edited = ({"hook_embed"} if is_embedding else set()) | {name for name, _ in interventions}
+        silent = self._never_firing(edited - fired_ever, seq_len)
         if silent:
             raise LensBiasError(
                 f"intervention hook(s) {silent} never fired on this {type(self.model).__name__}: the edit had no "
                 "effect, so the results would be those of the unedited model"
             )
         return {key: torch.cat(values) for key, values in kept.items()}
+
+    def _never_firing(self, names: set[str], seq_len: int) -> list[str]:
+        """Of ``names``, those that do not fire in a full forward pass of one sequence.
+
+        A hook that did not fire during ``collect`` may just lie after the point where the pass stopped early;
+        one complete pass tells that apart from a hook that is not on the model's computation path.
+        """
+        if not names:
+            return []
+        fired: set[str] = set()
+        hooks = [(name, lambda x, hook, name=name: fired.add(name)) for name in sorted(names)]
+        with torch.inference_mode(), self.model.hooks(fwd_hooks=hooks):
+            self.model(torch.zeros(1, seq_len, dtype=torch.long, device=self.device))
+        return sorted(names - fired)
 
     def unembed(self, resid: Float[Tensor, "batch d_model"]) -> Float[Tensor, "batch d_vocab"]:
         """Logits from final normalized states (``ln_final.hook_normalized``), as float32.

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Union
 
+import numpy as np
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
@@ -56,8 +57,9 @@ def random_tokens(
 class RandomEmbeddings:
     """Lazily drawn Gaussian input embeddings ``N(mean, std)`` of shape ``[n, seq_len, d_model]``.
 
-    Row ``i`` comes from its own generator seeded with ``(seed << 32) | i``, so a row is the same whatever
-    batch it is drawn in, and ``n × seq_len × d_model`` floats are never held at once.
+    Row ``i`` comes from its own generator, numpy's PCG64 seeded with the entropy ``[seed, i]`` (torch's CPU
+    generator keeps only 32 bits of a seed, so distinct (seed, row) pairs could collide there). A row is the
+    same whatever batch it is drawn in, and ``n × seq_len × d_model`` floats are never held at once.
 
     >>> emb = RandomEmbeddings(n=4, seq_len=3, d_model=8, mean=0.0, std=0.02, seed=42)
     >>> torch.equal(emb[1:3], emb.tensor()[1:3])
@@ -75,8 +77,8 @@ class RandomEmbeddings:
         _check_count("n", self.n, 1)
         _check_count("seq_len", self.seq_len, 1)
         _check_count("d_model", self.d_model, 1)
-        if not 0 <= self.seed < 2**31:
-            raise LensBiasError(f"seed must be in [0, 2**31) for RandomEmbeddings, got {self.seed}")
+        if self.seed < 0:
+            raise LensBiasError(f"seed must be non-negative, got {self.seed}")
 
     def __len__(self) -> int:
         return self.n
@@ -92,8 +94,8 @@ class RandomEmbeddings:
         return torch.stack(out) if out else torch.empty(0, self.seq_len, self.d_model)
 
     def _row(self, i: int) -> Float[Tensor, "seq d_model"]:
-        generator = torch.Generator().manual_seed((self.seed << 32) | i)
-        return torch.randn(self.seq_len, self.d_model, generator=generator) * self.std + self.mean
+        draws = np.random.default_rng([self.seed, i]).standard_normal((self.seq_len, self.d_model), dtype=np.float32)
+        return torch.from_numpy(draws) * self.std + self.mean
 
     def tensor(self) -> Float[Tensor, "n seq d_model"]:
         """All rows at once (``n × seq_len × d_model`` floats: mind the memory)."""

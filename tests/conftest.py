@@ -1,0 +1,56 @@
+"""Shared fixtures: tiny random-init models, hook-state snapshots, and the global-RNG guard."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+import lens_bias
+from lens_bias import _tl
+
+# The model class random_init builds on the installed TransformerLens: the whole suite runs on either.
+BACKEND = "bridge" if _tl.tl_major() >= 4 else "hooked"
+requires_tl4 = pytest.mark.skipif(_tl.tl_major() < 4, reason="needs TransformerLens 4.x (TransformerBridge)")
+requires_tl3 = pytest.mark.skipif(_tl.hooked_transformer_classes() is None, reason="needs TransformerLens 3.x (HookedTransformer)")
+
+
+@pytest.fixture(autouse=True)
+def _seeded_global_rng():
+    """lens_bias must never read the global RNG; seed it anyway so a slip is at least reproducible."""
+    torch.manual_seed(1234)
+    yield
+
+
+def tiny(arch: str = "gpt2", **kw: Any) -> Any:
+    """A d_model 64, 2-layer model: fast enough for exact comparisons against direct computations."""
+    spec = dict(d_model=64, n_layers=2, n_heads=4, d_vocab=97, n_ctx=32, seed=0)
+    spec.update(kw)
+    return lens_bias.random_init(arch, **spec)
+
+
+def hook_snapshot(model: Any) -> dict[str, tuple[int, ...]]:
+    """How many hooks every submodule carries (HookPoints included)."""
+    return {
+        name: tuple(len(getattr(m, d)) for d in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks"))
+        for name, m in model.named_modules()
+    }
+
+
+def warmed_snapshot(model: Any) -> dict[str, tuple[int, ...]]:
+    """Snapshot after one plain forward: TL 4 bridges wire their own internal capture hooks on the first call."""
+    with torch.no_grad():
+        model(torch.zeros(1, 4, dtype=torch.long))
+    return hook_snapshot(model)
+
+
+def state_copy(model: Any) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def assert_same_state(model: Any, before: dict[str, torch.Tensor]) -> None:
+    after = model.state_dict()
+    assert after.keys() == before.keys()
+    for k, v in before.items():
+        assert torch.equal(after[k], v), f"weight {k} changed"
