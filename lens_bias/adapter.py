@@ -239,9 +239,10 @@ class ModelAdapter:
         self.check_inputs(inputs)
         self.require({p.hook for p in unique.values()} | {name for name, _ in interventions}, "this analysis")
         n, seq_len = inputs.shape[0], inputs.shape[1]
-        batch_size = batch_size or self.default_batch_size(seq_len)
-        if batch_size < 1:
-            raise LensBiasError(f"batch_size must be >= 1, got {batch_size}")
+        if batch_size is None:
+            batch_size = self.default_batch_size(seq_len)
+        elif isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise LensBiasError(f"batch_size must be a positive int or None, got {batch_size!r}")
         is_embedding = not (isinstance(inputs, Tensor) and inputs.ndim == 2)
 
         by_hook: dict[str, list[Probe]] = defaultdict(list)

@@ -1,0 +1,73 @@
+"""analyze(): the report, its tables, clean-up of the user's model, and clear errors for bad input."""
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+import lens_bias
+from lens_bias import LensBiasError
+
+from .conftest import BACKEND, assert_same_state, hook_snapshot, state_copy, tiny, warmed_snapshot
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "qwen2"])
+def test_analyze_report_and_model_left_unchanged(arch):
+    model = tiny(arch, act_fn="relu")
+    before_hooks, before_state = warmed_snapshot(model), state_copy(model)
+    report = lens_bias.analyze(model, n_sequences=12, seq_len=8, progress=False)
+    assert hook_snapshot(model) == before_hooks
+    assert_same_state(model, before_state)
+    assert report.model.family == BACKEND
+    assert report.inputs == lens_bias.InputSpec("tokens", 12, 8, 42, 97)
+    assert isinstance(report.token_preference.to_pandas(), pd.DataFrame)
+    assert len(report.token_preference.to_pandas()) == 20
+    assert len(report.contraction.to_pandas()) == 2 + 2  # embed, 2 blocks, final
+    text = str(report)
+    assert "token preference" in text and "contraction" in text and f"V {97}" in text
+    json.dumps(report.to_dict())  # JSON-ready
+
+
+def test_analyze_reproduces_random_tokens_by_hand():
+    model = tiny("gpt2")
+    a = lens_bias.analyze(model, n_sequences=6, seq_len=5, seed=3, progress=False)
+    b = lens_bias.analyze(model, inputs=lens_bias.random_tokens(6, 5, 97, seed=3), progress=False)
+    assert torch.equal(a.token_preference.p_bar, b.token_preference.p_bar)
+    c = lens_bias.analyze(model, n_sequences=6, seq_len=5, seed=4, progress=False)
+    assert not torch.equal(a.token_preference.p_bar, c.token_preference.p_bar)
+
+
+def test_sections_and_embedding_inputs():
+    model = tiny("gpt2")
+    report = lens_bias.analyze(model, inputs="embeddings", n_sequences=4, seq_len=6, sections=["contraction"], progress=False)
+    assert report.token_preference is None and report.contraction is not None
+    assert report.inputs.kind == "embeddings" and list(report.sections()) == ["contraction"]
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        (dict(seq_len=33), LensBiasError, "n_ctx=32"),
+        (dict(n_sequences=1), LensBiasError, "at least 2 sequences"),
+        (dict(seq_len=1), LensBiasError, "seq_len >= 2"),
+        (dict(inputs="words"), LensBiasError, "'tokens', 'embeddings'"),
+        (dict(inputs=torch.full((3, 4), 500)), LensBiasError, "d_vocab=97"),
+        (dict(sections=["sinks"]), LensBiasError, "unknown section"),
+        (dict(device="meta"), LensBiasError, "never moves your model"),
+        (dict(batch_size=0), LensBiasError, "batch_size"),
+    ],
+)
+def test_bad_input_gets_a_clear_error_and_leaves_the_model_alone(kwargs, error, message):
+    model = tiny("gpt2")
+    before_hooks, before_state = warmed_snapshot(model), state_copy(model)
+    kwargs = {"n_sequences": 4, "seq_len": 8, "progress": False, **kwargs}
+    with pytest.raises(error, match=message):
+        lens_bias.analyze(model, **kwargs)
+    assert hook_snapshot(model) == before_hooks
+    assert_same_state(model, before_state)
+
+
+def test_plain_module_is_refused():
+    with pytest.raises(TypeError, match="TransformerBridge"):
+        lens_bias.analyze(torch.nn.Sequential(torch.nn.Embedding(10, 4)))

@@ -1,0 +1,43 @@
+"""The lens-bias command: in process, as `python -m lens_bias`, and as the installed console script."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from lens_bias.cli import main
+
+SMALL = ["--d-model", "64", "--n-layers", "2", "--n-heads", "4", "--d-vocab", "200", "--n-sequences", "8", "--seq-len", "16", "--no-progress"]
+
+
+def test_analyze_prints_the_report(capsys):
+    assert main(["analyze", *SMALL, "--act", "gelu", "--pos", "none"]) == 0
+    out = capsys.readouterr().out
+    assert "gelu MLP" in out and "none positions" in out and "token preference over 8" in out
+
+
+def test_json_output(capsys):
+    assert main(["analyze", *SMALL, "--json", "--sections", "contraction"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert list(data["sections"]) == ["contraction"] and data["model"]["d_model"] == 64
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [(["--act", "gelu_new", "--arch", "llama"], "act_fn 'gelu_new'"), (["--seq-len", "300", "--n-ctx", "64"], "n_ctx=64")],
+)
+def test_bad_input_exits_2_with_one_line(capsys, argv, message):
+    assert main(["analyze", *SMALL, *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err
+
+
+@pytest.mark.parametrize("command", [[sys.executable, "-m", "lens_bias"], ["lens-bias"]])
+def test_entry_points(command):
+    if command == ["lens-bias"] and shutil.which("lens-bias") is None:
+        pytest.fail("the lens-bias console script is not installed: pip install -e .")
+    done = subprocess.run([*command, "analyze", *SMALL], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "contraction" in done.stdout
