@@ -1,0 +1,74 @@
+"""Wall time of ``lens_bias.analyze`` divided by the plain forward passes over the same inputs.
+
+The baseline is ``model(tokens)`` over the same batches under ``torch.inference_mode`` (logits at every
+position included, as a user would run it), measured in the same process. Target: ratio <= 2.0.
+
+    python benchmarks/bench_analyze.py [--d-model 256 --n-layers 4 --n 256 --seq-len 128 --device cpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+import lens_bias
+from lens_bias import ModelAdapter
+
+
+def timed(fn, repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--arch", default="gpt2")
+    parser.add_argument("--d-model", type=int, default=256)
+    parser.add_argument("--n-layers", type=int, default=4)
+    parser.add_argument("--d-vocab", type=int, default=8000)
+    parser.add_argument("--n", type=int, default=256)
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+
+    model = lens_bias.random_init(
+        args.arch, d_model=args.d_model, n_layers=args.n_layers, d_vocab=args.d_vocab, n_ctx=max(256, args.seq_len),
+        act_fn="relu" if args.arch == "gpt2" else None, positional_embedding="rotary", device=args.device,
+        dtype=getattr(torch, args.dtype),
+    )
+    tokens = lens_bias.random_tokens(args.n, args.seq_len, args.d_vocab)
+    batch = ModelAdapter(model).default_batch_size(args.seq_len)
+
+    def forward_only() -> None:
+        with torch.inference_mode():
+            for start in range(0, args.n, batch):
+                model(tokens[start : start + batch].to(args.device))
+
+    def analyze() -> None:
+        lens_bias.analyze(model, inputs=tokens, batch_size=batch, progress=False)
+
+    t_forward = timed(forward_only, args.repeats)
+    t_analyze = timed(analyze, args.repeats)
+    print(f"model: {args.arch} d_model {args.d_model}, {args.n_layers} layers, V {args.d_vocab}; inputs {args.n} x {args.seq_len}; "
+          f"batch {batch}; {args.device}/{args.dtype}; threads {torch.get_num_threads()}")
+    print(f"plain forward passes: {t_forward:.3f} s")
+    print(f"analyze (v1 sections): {t_analyze:.3f} s")
+    print(f"analyze / forward ratio: {t_analyze / t_forward:.2f} (target <= 2.0)")
+
+
+if __name__ == "__main__":
+    main()
