@@ -1,6 +1,8 @@
 """One module per measurement; each defines an ``Analysis`` (probes + finalize) and its result dataclass."""
 
+from .ablation import AblationResult, ablate
 from .contraction import Contraction, ContractionResult
+from .decomposition import Decomposition, DecompositionResult
 from .token_preference import TokenPreference, TokenPreferenceResult
 
-__all__ = ["Contraction", "ContractionResult", "TokenPreference", "TokenPreferenceResult"]
+__all__ = ["Contraction", "ContractionResult", "TokenPreference", "TokenPreferenceResult", "Decomposition", "DecompositionResult", "ablate", "AblationResult"]

@@ -1,3 +1,13 @@
-"""Interventions: named, reusable edits of a TransformerLens forward pass (``lens_bias.hooks``)."""
+"""Interventions: named, reusable, serialisable edits of a TransformerLens forward pass (``lens_bias.hooks``).
 
-__all__: list[str] = []
+>>> from lens_bias.hooks import OddActivation, SelfOnlyAttention
+>>> (OddActivation() + SelfOnlyAttention(layers=[0])).to_dict()["type"]
+'Compose'
+"""
+
+from .attention import SelfOnlyAttention, UniformAttention
+from .base import Compose, Intervention, as_hooks, intervene
+from .mlp import ACTIVATION_FUNCTIONS, MeanCenterMLP, OddActivation, SwapActivation
+from .sublayer import SubtractPositionEmbedding, ZeroSublayer
+
+__all__ = ["Intervention", "Compose", "intervene", "as_hooks", "OddActivation", "MeanCenterMLP", "SwapActivation", "ACTIVATION_FUNCTIONS", "SelfOnlyAttention", "UniformAttention", "ZeroSublayer", "SubtractPositionEmbedding"]

@@ -16,8 +16,10 @@ from .errors import LensBiasError
 from .inputs import InputSpec, RandomEmbeddings, random_embeddings, random_tokens
 from .models import ModelSpec, random_init
 from .report import SECTIONS, BiasReport, analyze
+from .analyses.ablation import ablate
+from .hooks import intervene
 
 __version__ = "0.1.0"
-__all__ = ["analyze", "BiasReport", "SECTIONS", "models", "random_init", "ModelSpec", "ModelAdapter", "ModelInfo", "Probe", "Analysis", "Result", "run_analyses", "random_tokens", "random_embeddings", "RandomEmbeddings", "InputSpec", "LensBiasError"]
+__all__ = ["analyze", "ablate", "intervene", "BiasReport", "SECTIONS", "models", "random_init", "ModelSpec", "ModelAdapter", "ModelInfo", "Probe", "Analysis", "Result", "run_analyses", "random_tokens", "random_embeddings", "RandomEmbeddings", "InputSpec", "LensBiasError"]
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())

@@ -11,7 +11,9 @@ from typing import Any, Sequence, Union
 
 import torch
 
+from lens_bias.analyses.ablation import AblationResult, ablate
 from lens_bias.analyses.contraction import Contraction, ContractionResult
+from lens_bias.analyses.decomposition import Decomposition, DecompositionResult
 from lens_bias.analyses.token_preference import TokenPreference, TokenPreferenceResult
 
 from .adapter import ModelAdapter, ModelInfo
@@ -25,6 +27,7 @@ __all__ = ["BiasReport", "analyze", "SECTIONS"]
 SECTIONS: dict[str, type[Analysis]] = {
     "token_preference": TokenPreference,
     "contraction": Contraction,
+    "decomposition": Decomposition,
 }
 
 
@@ -36,10 +39,12 @@ class BiasReport:
     inputs: InputSpec
     token_preference: TokenPreferenceResult | None = None
     contraction: ContractionResult | None = None
+    decomposition: DecompositionResult | None = None
+    ablations: AblationResult | None = None  # opt-in: analyze(model, ablations=True)
 
     def sections(self) -> dict[str, Result]:
         """The sections that were computed, by name."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name in SECTIONS and getattr(self, f.name) is not None}
+        return {f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), Result)}
 
     def to_dict(self) -> dict[str, Any]:
         """Model, inputs and each section's headline numbers and table, JSON-ready."""
@@ -87,6 +92,7 @@ def analyze(
     device: Union[str, torch.device, None] = None,
     progress: bool = True,
     sections: Sequence[str] | None = None,
+    ablations: bool = False,
 ) -> BiasReport:
     """Measure what ``model`` is born with on random inputs: token preference, contraction, ...
 
@@ -111,6 +117,7 @@ def analyze(
         device: the device the model is on, as a check; lens_bias does not move models.
         progress: show a tqdm progress bar.
         sections: which sections to compute (default: all of ``SECTIONS``).
+        ablations: also run :func:`lens_bias.ablate` on the same inputs (one more pass per condition).
 
     Returns:
         A :class:`BiasReport`.
@@ -127,4 +134,6 @@ def analyze(
     if spec.seq_len < 2:
         raise LensBiasError(f"analyze needs seq_len >= 2 (cosines between positions), got {spec.seq_len}")
     results = run_analyses(adapter, data, spec, [SECTIONS[s]() for s in names], batch_size=batch_size, progress=progress)
+    if ablations:
+        results["ablations"] = ablate(model, inputs=data, batch_size=batch_size, progress=progress)
     return BiasReport(model=adapter.info, inputs=spec, **results)

@@ -1,0 +1,177 @@
+"""Residual decomposition at init: which sublayers create the seed direction, and which amplify it.
+
+The residual stream before the final norm is the sum of its components: the token embedding, the position
+embedding (where the model adds one), and every block's attention and MLP output. For each component c with
+values x_c over the inputs, split the energy into the input-mean ("shared") part and the fluctuating part,
+
+    E‖x_c‖² = ‖μ_c‖² + E‖x_c − μ_c‖²,   μ_c = E[x_c],
+
+and compare μ_c with the final seed direction s (mean of the unit-normalised final states, as in the
+contraction section): its cosine with s, its signed projection μ_c·s, and the cumulative sum Σ_{c'≤c} μ_c'
+as the stream is built up. A component with a large shared part along s creates or amplifies the seed
+direction; attention on random tokens has (almost) no shared part of its own.
+
+``positions="last"`` uses the readout position; ``positions="all"`` treats every (sequence, position) as an
+input, reducing inside the hook to per-sequence sums so memory stays O(N·d).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Mapping
+
+import pandas as pd
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from lens_bias.adapter import ModelAdapter, Probe, last_position
+from lens_bias.analysis import Analysis, Result
+from lens_bias.errors import LensBiasError
+from lens_bias.inputs import InputSpec
+from lens_bias.stats import unit
+
+__all__ = ["Decomposition", "DecompositionResult", "components"]
+
+_READOUT = "ln_final.hook_normalized"
+
+
+def components(adapter: ModelAdapter) -> list[tuple[str, str]]:
+    """``(component, hook)`` pairs whose sum is the residual stream after the last block."""
+    info = adapter.info
+    parts = [("embed", "hook_embed")]
+    if info.positional_embedding in ("learned", "none"):  # a position table added to the residual stream
+        parts.append(("pos_embed", "hook_pos_embed"))
+    for layer in range(info.n_layers):
+        parts.append((f"attn_{layer}", f"blocks.{layer}.hook_attn_out"))
+        if not info.attn_only:
+            parts.append((f"mlp_{layer}", f"blocks.{layer}.hook_mlp_out"))
+    return parts
+
+
+def _sums(x: Float[Tensor, "batch pos d"]) -> Float[Tensor, "batch d_plus_1"]:
+    """Per sequence: the sum over positions of x, and of ‖x‖² (the last column)."""
+    x = x.float()
+    return torch.cat([x.sum(dim=1), x.pow(2).sum(dim=(1, 2))[:, None]], dim=-1)
+
+
+@dataclass
+class DecompositionResult(Result):
+    """Shared vs fluctuating energy of each residual component and its alignment with the seed direction."""
+
+    components: list[str]
+    hooks: list[str]
+    shared_energy: Float[Tensor, "component"]  # ‖μ_c‖²
+    fluctuating_energy: Float[Tensor, "component"]  # E‖x_c − μ_c‖²
+    cos_to_seed: Float[Tensor, "component"]  # cos(μ_c, s)
+    seed_projection: Float[Tensor, "component"]  # μ_c · s
+    cumulative_cos_to_seed: Float[Tensor, "component"]  # cos(Σ_{c'≤c} μ_c', s)
+    cumulative_shared_norm: Float[Tensor, "component"]  # ‖Σ_{c'≤c} μ_c'‖
+    reconstruction_error: float  # max relative error of Σ_c x_c against the residual after the last block
+    positions: str
+
+    @property
+    def shared_fraction(self) -> Tensor:
+        return self.shared_energy / (self.shared_energy + self.fluctuating_energy).clamp_min(1e-30)
+
+    def to_pandas(self) -> pd.DataFrame:
+        return pd.DataFrame(
+            {
+                "component": self.components,
+                "hook": self.hooks,
+                "shared_energy": self.shared_energy.tolist(),
+                "fluctuating_energy": self.fluctuating_energy.tolist(),
+                "shared_fraction": self.shared_fraction.tolist(),
+                "cos_to_seed": self.cos_to_seed.tolist(),
+                "seed_projection": self.seed_projection.tolist(),
+                "cumulative_cos_to_seed": self.cumulative_cos_to_seed.tolist(),
+                "cumulative_shared_norm": self.cumulative_shared_norm.tolist(),
+            }
+        )
+
+    def energy_by_kind(self) -> dict[str, float]:
+        """Shared energy summed over component kinds (embed, pos_embed, attn, mlp)."""
+        out: dict[str, float] = {}
+        for name, energy in zip(self.components, self.shared_energy.tolist()):
+            kind = name.split("_")[0] if name[-1].isdigit() else name
+            out[kind] = out.get(kind, 0.0) + energy
+        return out
+
+    def headline(self) -> dict[str, Any]:
+        top = int(self.seed_projection.argmax())
+        return {
+            "shared_energy_by_kind": self.energy_by_kind(),
+            "largest_seed_projection": self.components[top],
+            "reconstruction_error": self.reconstruction_error,
+        }
+
+    def summary(self) -> str:
+        rows = "\n".join(
+            f"  {c:>9}  shared {s:.3g} ({f:.1%} of its energy)  cos to seed {cs:+.3f}  along seed {p:+.3g}  cumulative cos {cc:+.3f}"
+            for c, s, f, cs, p, cc in zip(
+                self.components,
+                self.shared_energy.tolist(),
+                self.shared_fraction.tolist(),
+                self.cos_to_seed.tolist(),
+                self.seed_projection.tolist(),
+                self.cumulative_cos_to_seed.tolist(),
+            )
+        )
+        kinds = ", ".join(f"{k} {v:.3g}" for k, v in self.energy_by_kind().items())
+        return (
+            f"residual decomposition ({self.positions} position{'s' if self.positions == 'all' else ''}; shared = input mean):\n"
+            f"{rows}\n  shared energy by kind: {kinds}; parts add back to the residual within {self.reconstruction_error:.1e}"
+        )
+
+
+@dataclass(frozen=True)
+class Decomposition(Analysis):
+    """Split the residual stream into its components and measure each one's shared part."""
+
+    name: ClassVar[str] = "decomposition"
+    positions: str = "last"  # "last" (the readout position) or "all"
+
+    def __post_init__(self) -> None:
+        if self.positions not in ("last", "all"):
+            raise LensBiasError(f"positions must be 'last' or 'all', got {self.positions!r}")
+
+    def _probe(self, hook: str) -> Probe:
+        return last_position(hook) if self.positions == "last" else Probe(hook, "sums", _sums)
+
+    def _target(self, adapter: ModelAdapter) -> str:
+        return f"blocks.{adapter.info.n_layers - 1}.hook_resid_post"
+
+    def probes(self, adapter: ModelAdapter) -> list[Probe]:
+        hooks = [h for _, h in components(adapter)] + [self._target(adapter)]
+        return [self._probe(h) for h in hooks] + [last_position(_READOUT)]
+
+    def finalize(self, adapter: ModelAdapter, kept: Mapping[str, Tensor], spec: InputSpec) -> DecompositionResult:
+        names, hooks = zip(*components(adapter))
+        seed = unit(unit(kept[last_position(_READOUT).key]).mean(0))
+        values = torch.stack([kept[self._probe(h).key] for h in hooks]).double()  # [component, N, d(+1)]
+        target = kept[self._probe(self._target(adapter)).key].double()
+        if self.positions == "last":
+            count = values.shape[1]
+            sums, sq = values.sum(dim=1), values.pow(2).sum(dim=(1, 2))
+            rows, rows_target = values, target
+        else:
+            count = values.shape[1] * spec.seq_len
+            sums, sq = values[..., :-1].sum(dim=1), values[..., -1].sum(dim=1)
+            rows, rows_target = values[..., :-1], target[..., :-1]
+        mean = sums / count  # [component, d]
+        shared = mean.pow(2).sum(-1)
+        cumulative = mean.cumsum(dim=0)
+        error = ((rows.sum(0) - rows_target).norm(dim=-1) / rows_target.norm(dim=-1).clamp_min(1e-30)).max().item()
+        seed = seed.double()
+        return DecompositionResult(
+            components=list(names),
+            hooks=list(hooks),
+            shared_energy=shared.float(),
+            fluctuating_energy=(sq / count - shared).clamp_min(0).float(),
+            cos_to_seed=(unit(mean) @ seed.float()),
+            seed_projection=(mean @ seed).float(),
+            cumulative_cos_to_seed=(unit(cumulative) @ seed.float()),
+            cumulative_shared_norm=cumulative.norm(dim=-1).float(),
+            reconstruction_error=error,
+            positions=self.positions,
+        )

@@ -1,0 +1,167 @@
+"""The intervention object: a named, frozen, serialisable edit of a TransformerLens forward pass.
+
+An intervention knows which hook points it needs and returns TL hook functions for a given model; it holds no
+model and no tensors, so one object can be reused across models, saved with ``to_dict`` and restored with
+``Intervention.from_dict``. Interventions compose with ``a + b`` (or a list), and attach through scoped
+contexts only: :func:`intervene`, or TL's own ``model.run_with_hooks(x, fwd_hooks=iv.fwd_hooks(model))``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields
+from typing import Any, Iterator, Mapping, Sequence, Union
+
+from torch import Tensor
+
+from lens_bias.adapter import FwdHook, HookFn, ModelAdapter
+from lens_bias.errors import LensBiasError
+
+__all__ = ["Intervention", "Compose", "intervene", "as_hooks"]
+
+_REGISTRY: dict[str, type["Intervention"]] = {}
+_STARTED = "<forward started>"
+
+
+@dataclass(frozen=True)
+class Intervention:
+    """Base class. Subclasses implement ``layer_hooks`` (per layer) or override ``fwd_hooks``."""
+
+    # Layers to edit; None means every layer of the model the hooks are made for.
+    layers: tuple[int, ...] | None = field(default=None, kw_only=True)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _REGISTRY[cls.__name__] = cls
+
+    def __post_init__(self) -> None:
+        if self.layers is not None:
+            layers = tuple(self.layers)
+            if not all(isinstance(layer, int) and not isinstance(layer, bool) and layer >= 0 for layer in layers):
+                raise LensBiasError(f"layers must be non-negative ints, got {self.layers!r}")
+            object.__setattr__(self, "layers", layers)
+
+    def model_layers(self, model: Any) -> list[int]:
+        """The layers this intervention edits in ``model``."""
+        n_layers = int(model.cfg.n_layers)
+        if self.layers is None:
+            return list(range(n_layers))
+        too_deep = [layer for layer in self.layers if layer >= n_layers]
+        if too_deep:
+            raise LensBiasError(f"{type(self).__name__}: layers {too_deep} do not exist; the model has {n_layers} layers")
+        return list(self.layers)
+
+    def layer_hooks(self, model: Any, layer: int) -> list[FwdHook]:
+        """The ``(hook_name, fn)`` pairs that edit one layer."""
+        raise NotImplementedError
+
+    def fwd_hooks(self, model: Any) -> list[FwdHook]:
+        """TL forward hooks that apply this intervention to ``model``; fresh closures on every call."""
+        hooks = [hook for layer in self.model_layers(model) for hook in self.layer_hooks(model, layer)]
+        ModelAdapter(model).require([name for name, _ in hooks], type(self).__name__)
+        return hooks
+
+    def __add__(self, other: "Intervention") -> "Compose":
+        if not isinstance(other, Intervention):
+            return NotImplemented
+        return Compose(_parts(self) + _parts(other))
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready description that :meth:`from_dict` turns back into an equal object."""
+        out: dict[str, Any] = {"type": type(self).__name__}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> "Intervention":
+        """Rebuild an intervention from :meth:`to_dict` output."""
+        d = dict(d)
+        name = d.pop("type", None)
+        if name not in _REGISTRY:
+            raise LensBiasError(f"unknown intervention type {name!r}; known: {sorted(_REGISTRY)}")
+        if name == "Compose":
+            return Compose(tuple(Intervention.from_dict(p) for p in d["parts"]))
+        return _REGISTRY[name](**d)
+
+
+def _parts(iv: Intervention) -> tuple[Intervention, ...]:
+    return iv.parts if isinstance(iv, Compose) else (iv,)
+
+
+@dataclass(frozen=True)
+class Compose(Intervention):
+    """Several interventions applied together, in order (``a + b``)."""
+
+    parts: tuple[Intervention, ...] = ()
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.layers is not None:
+            raise LensBiasError("Compose takes no layers=; set layers on its parts")
+        object.__setattr__(self, "parts", tuple(self.parts))
+
+    def fwd_hooks(self, model: Any) -> list[FwdHook]:
+        return [hook for part in self.parts for hook in part.fwd_hooks(model)]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "Compose", "parts": [p.to_dict() for p in self.parts]}
+
+
+InterventionLike = Union[Intervention, Sequence[Intervention]]
+
+
+def as_hooks(model: Any, interventions: Sequence[InterventionLike]) -> list[FwdHook]:
+    """Forward hooks of several interventions (or lists of them), in order."""
+    flat: list[Intervention] = []
+    for item in interventions:
+        items = [item] if isinstance(item, Intervention) else list(item)
+        for iv in items:
+            if not isinstance(iv, Intervention):
+                raise TypeError(f"expected lens_bias.hooks interventions, got {type(iv).__name__}")
+            flat.append(iv)
+    return [hook for iv in flat for hook in iv.fwd_hooks(model)]
+
+
+@contextmanager
+def intervene(model: Any, *interventions: InterventionLike) -> Iterator[Any]:
+    """Attach interventions for the duration of a ``with`` block; they are removed on exit, also on errors.
+
+    >>> import torch, lens_bias
+    >>> from lens_bias.hooks import SelfOnlyAttention
+    >>> m = lens_bias.random_init("gpt2", d_model=64, n_layers=2, n_heads=4, d_vocab=100, n_ctx=16)
+    >>> with intervene(m, SelfOnlyAttention(layers=[0])):
+    ...     logits = m(torch.zeros(1, 4, dtype=torch.long))
+    >>> logits.shape
+    torch.Size([1, 4, 100])
+
+    Args:
+        model: a TransformerLens model.
+        *interventions: interventions, or lists of them.
+
+    Yields:
+        The model, with the interventions attached through its own scoped ``model.hooks(...)``.
+    """
+    fired: set[str] = set()
+
+    def counted(name: str, fn: HookFn) -> HookFn:
+        def hook_fn(activation: Tensor, hook: Any) -> Union[Tensor, None]:
+            fired.add(name)
+            return fn(activation, hook)
+
+        return hook_fn
+
+    hooks = as_hooks(model, interventions)
+    # Observe the start of every forward pass, so edits that never fire are told apart from no pass at all.
+    started = ("blocks.0.hook_resid_pre", lambda x, hook: fired.add(_STARTED))
+    with model.hooks(fwd_hooks=[started] + [(name, counted(name, fn)) for name, fn in hooks]):
+        yield model
+    silent = sorted({name for name, _ in hooks} - fired)
+    if _STARTED in fired and silent:
+        warnings.warn(
+            f"intervention hook(s) {silent} never fired while attached: on this model they are not on the "
+            "forward path (or the pass stopped before them), so those edits had no effect",
+            stacklevel=3,
+        )
