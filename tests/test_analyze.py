@@ -71,3 +71,17 @@ def test_bad_input_gets_a_clear_error_and_leaves_the_model_alone(kwargs, error, 
 def test_plain_module_is_refused():
     with pytest.raises(TypeError, match="TransformerBridge"):
         lens_bias.analyze(torch.nn.Sequential(torch.nn.Embedding(10, 4)))
+
+
+def test_decomposition_and_ablation_sections():
+    model = tiny("llama")
+    report = lens_bias.analyze(model, n_sequences=8, seq_len=8, ablations=True, progress=False)
+    components = list(report.decomposition.to_pandas().component)
+    assert components == ["embed", "attn_0", "mlp_0", "attn_1", "mlp_1"]  # rotary: no position table
+    assert report.decomposition.reconstruction_error < 1e-4
+    conditions = set(report.ablations.to_pandas().condition)
+    assert {"base", "odd_mlp", "self_only_attention", "odd_mlp+self_only_attention", "act=tanh"} <= conditions
+    # the ablation's base condition is the report's own measurement
+    assert report.ablations.final().loc["base", "inter"] == pytest.approx(report.contraction.inter[-1].item(), abs=1e-6)
+    assert "ablations" in str(report) and "residual decomposition" in str(report)
+    json.dumps(report.to_dict())
