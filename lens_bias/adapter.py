@@ -109,6 +109,13 @@ def _family(model: Any) -> str:
     )
 
 
+def _architecture(model: Any, cfg: Any) -> str | None:
+    spec = getattr(model, "lens_bias_spec", None)
+    if spec is not None:
+        return spec.arch
+    return getattr(cfg, "original_architecture", None) or getattr(cfg, "architecture", None)
+
+
 def _positional(model: Any, cfg: Any) -> str:
     spec = getattr(model, "lens_bias_spec", None)
     if spec is not None:  # lens_bias factories record "none", which TL configs cannot express
@@ -147,7 +154,7 @@ class ModelAdapter:
         d_model = int(cfg.d_model)
         self.info = ModelInfo(
             family=self.family,
-            architecture=getattr(cfg, "original_architecture", None) or getattr(cfg, "architecture", None),
+            architecture=_architecture(model, cfg),
             n_layers=int(cfg.n_layers),
             d_model=d_model,
             n_heads=n_heads,

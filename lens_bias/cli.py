@@ -54,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--input-seed", type=int, default=42, help="seed of the random inputs")
     r.add_argument("--batch-size", type=int, default=None, help="sequences per forward pass (default: automatic)")
     r.add_argument("--sections", nargs="+", choices=list(SECTIONS), default=None, help="sections to compute (default: all)")
+    r.add_argument("--ablations", action="store_true", help="add the ablation table (one more pass per condition)")
     r.add_argument("--json", action="store_true", help="print the report as JSON instead of text")
     r.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     return parser
@@ -85,6 +86,7 @@ def _analyze(args: argparse.Namespace) -> str:
         batch_size=args.batch_size,
         progress=not args.no_progress,
         sections=args.sections,
+        ablations=args.ablations,
     )
     return json.dumps(report.to_dict(), indent=2) if args.json else str(report)
 

@@ -18,6 +18,12 @@ def test_analyze_prints_the_report(capsys):
     assert "gelu MLP" in out and "none positions" in out and "token preference over 8" in out
 
 
+def test_ablations_flag(capsys):
+    assert main(["analyze", *SMALL, "--ablations", "--sections", "contraction"]) == 0
+    out = capsys.readouterr().out
+    assert "ablations" in out and "odd_mlp+self_only_attention" in out
+
+
 def test_json_output(capsys):
     assert main(["analyze", *SMALL, "--json", "--sections", "contraction"]) == 0
     data = json.loads(capsys.readouterr().out)

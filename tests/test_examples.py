@@ -1,5 +1,6 @@
 """The example scripts run top to bottom (small settings) and show what their docstrings claim."""
 
+import json
 import runpy
 import sys
 from pathlib import Path
@@ -13,3 +14,29 @@ def test_born_biased_smoke(monkeypatch, capsys):
     runpy.run_path(str(EXAMPLES / "born_biased.py"), run_name="__main__")
     out = capsys.readouterr().out
     assert all(name in out for name in ("ReLU GPT", "GELU GPT", "SwiGLU llama", "attention-only GPT"))
+
+
+def test_orders_of_magnitude_smoke(monkeypatch, capsys):
+    argv = ["orders_of_magnitude.py", "--d-model", "128", "--d-vocab", "1000", "--n", "16", "--seq-len", "8"]
+    monkeypatch.setattr(sys, "argv", argv)
+    runpy.run_path(str(EXAMPLES / "orders_of_magnitude.py"), run_name="__main__")
+    out = capsys.readouterr().out
+    assert "ReLU d 128 + OddActivation" in out and "ReLU d 256" in out
+
+
+def run_notebook(path: Path) -> dict:
+    """Execute a notebook's code cells top to bottom in one namespace (what a kernel would do, minus display)."""
+    notebook = json.loads(path.read_text())
+    namespace: dict = {"__name__": "__main__"}
+    for cell in notebook["cells"]:
+        assert cell["cell_type"] != "code" or not cell["outputs"], f"{path.name}: outputs must be stripped"
+        if cell["cell_type"] == "code":
+            exec(compile("".join(cell["source"]), f"{path.name}", "exec"), namespace)
+    return namespace
+
+
+def test_ablation_notebook_runs_top_to_bottom():
+    ns = run_notebook(EXAMPLES / "ablate_mlp_vs_attention.ipynb")
+    final = ns["ablation"].final()
+    assert final.loc["odd_mlp", "inter"] < 0.05 < final.loc["base", "inter"]
+    assert [row["inter"] for row in ns["rows"]] == sorted(row["inter"] for row in ns["rows"])[::-1]
