@@ -21,7 +21,7 @@ import torch
 from . import _tl
 from .errors import LensBiasError
 
-__all__ = ["ModelSpec", "random_init", "ARCHS", "ACTIVATIONS", "POSITIONAL_EMBEDDINGS"]
+__all__ = ["ModelSpec", "random_init", "redraw", "ARCHS", "ACTIVATIONS", "POSITIONAL_EMBEDDINGS"]
 
 ARCHS = ("gpt2", "llama", "qwen2")
 # Activations each architecture family can be built with.
@@ -32,6 +32,7 @@ ACTIVATIONS = {
 }
 POSITIONAL_EMBEDDINGS = {"gpt2": ("none", "learned", "rotary"), "llama": ("rotary",), "qwen2": ("rotary",)}
 _HF_ARCHITECTURE = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+_HOOKED_OUTPUTS = ("W_O", "W_out")  # TL 3 residual-output projections (scaled for gpt2)
 
 
 @dataclass(frozen=True)
@@ -153,6 +154,46 @@ def random_init(
         model = model.to(dtype)
     model.eval()
     model.lens_bias_spec = model_spec
+    return model
+
+
+def redraw(model: Any, seed: int) -> Any:
+    """Re-draw the weights of a lens_bias-built model in place, exactly as ``random_init`` would for ``seed``.
+
+    Building a bridge costs far more than drawing its weights; experiments over many init seeds (the SeedPrint
+    seeds null, null calibration) re-draw one model instead. Only for models you built for that purpose: the
+    model *is* changed.
+
+    >>> m = random_init("gpt2", d_model=64, n_layers=2, n_heads=4, d_vocab=100, n_ctx=16, seed=0)
+    >>> w = redraw(m, 7).W_Q.clone()
+    >>> torch.equal(w, random_init(m.lens_bias_spec).W_Q), m.lens_bias_spec.seed
+    (True, 7)
+
+    Args:
+        model: a model returned by :func:`random_init`.
+        seed: the new init seed.
+
+    Returns:
+        The same model object, with weights and ``lens_bias_spec`` for ``seed``.
+    """
+    spec = getattr(model, "lens_bias_spec", None)
+    if spec is None:
+        raise LensBiasError("redraw needs a model built by lens_bias.random_init (it reads model.lens_bias_spec)")
+    spec = replace(spec, seed=seed)
+    with torch.random.fork_rng(devices=[]):
+        if _tl.hooked_transformer_classes() is not None and isinstance(model, _tl.hooked_transformer_classes()[0]):
+            _init_params(model.named_parameters(), spec, is_output=lambda name: name.rsplit(".", 1)[-1] in _HOOKED_OUTPUTS)
+            if spec.positional_embedding == "none":
+                _freeze_zero(model.pos_embed.W_pos)
+        elif spec.arch == "gpt2":
+            from transformer_lens.model_bridge.sources.native import initialize_native_model
+
+            initialize_native_model(model.original_model, model.original_model.cfg, seed=seed)
+            if spec.positional_embedding == "none":
+                _freeze_zero(model.original_model.pos.weight)
+        else:
+            _init_params(model.original_model.named_parameters(), spec, is_output=lambda name: False)
+    model.lens_bias_spec = spec
     return model
 
 
@@ -289,8 +330,7 @@ def _build_hooked(spec: ModelSpec) -> Any:
         default_prepend_bos=False,
     )
     model = HookedTransformer(cfg)
-    outputs = ("W_O", "W_out")
-    _init_params(model.named_parameters(), spec, is_output=lambda name: name.rsplit(".", 1)[-1] in outputs)
+    _init_params(model.named_parameters(), spec, is_output=lambda name: name.rsplit(".", 1)[-1] in _HOOKED_OUTPUTS)
     if spec.positional_embedding == "none":
         _freeze_zero(model.pos_embed.W_pos)
     return model

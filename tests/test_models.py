@@ -75,6 +75,15 @@ def test_positional_none_is_a_frozen_zero_table():
         assert not torch.allclose(learned[0], learned[-1], atol=1e-3)
 
 
+@pytest.mark.parametrize("arch, pos", [("gpt2", "none"), ("gpt2", "learned"), ("llama", None), ("qwen2", None)])
+def test_redraw_equals_a_fresh_build(arch, pos):
+    model = tiny(arch, positional_embedding=pos, seed=0)
+    lens_bias.models.redraw(model, 9)
+    fresh = tiny(arch, positional_embedding=pos, seed=9)
+    assert model.lens_bias_spec == fresh.lens_bias_spec
+    assert all(torch.equal(v, fresh.state_dict()[k]) for k, v in model.state_dict().items())
+
+
 def test_spec_roundtrip_and_rebuild():
     model = tiny("gpt2", act_fn="relu")
     spec = model.lens_bias_spec
