@@ -3,6 +3,7 @@
 from .ablation import AblationResult, ablate
 from .contraction import Contraction, ContractionResult
 from .decomposition import Decomposition, DecompositionResult
+from .fingerprint import FingerprintSection, FingerprintSummary
 from .token_preference import TokenPreference, TokenPreferenceResult
 
-__all__ = ["Contraction", "ContractionResult", "TokenPreference", "TokenPreferenceResult", "Decomposition", "DecompositionResult", "ablate", "AblationResult"]
+__all__ = ["Contraction", "ContractionResult", "TokenPreference", "TokenPreferenceResult", "Decomposition", "DecompositionResult", "FingerprintSection", "FingerprintSummary", "ablate", "AblationResult"]

@@ -9,7 +9,7 @@
 
 import logging
 
-from . import models
+from . import models, seedprint
 from .adapter import ModelAdapter, ModelInfo, Probe
 from .analysis import Analysis, Result, run_analyses
 from .errors import LensBiasError
@@ -18,8 +18,9 @@ from .models import ModelSpec, random_init
 from .report import SECTIONS, BiasReport, analyze
 from .analyses.ablation import ablate
 from .hooks import intervene
+from .seedprint import Fingerprint, SeedPrintResult, compare, fingerprint
 
 __version__ = "0.1.0"
-__all__ = ["analyze", "ablate", "intervene", "BiasReport", "SECTIONS", "models", "random_init", "ModelSpec", "ModelAdapter", "ModelInfo", "Probe", "Analysis", "Result", "run_analyses", "random_tokens", "random_embeddings", "RandomEmbeddings", "InputSpec", "LensBiasError"]
+__all__ = ["analyze", "ablate", "intervene", "compare", "fingerprint", "Fingerprint", "SeedPrintResult", "seedprint", "BiasReport", "SECTIONS", "models", "random_init", "ModelSpec", "ModelAdapter", "ModelInfo", "Probe", "Analysis", "Result", "run_analyses", "random_tokens", "random_embeddings", "RandomEmbeddings", "InputSpec", "LensBiasError"]
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())

@@ -6,15 +6,20 @@ import argparse
 import json
 import logging
 import sys
+import warnings
 from typing import Sequence
 
 import torch
 
+from . import seedprint
 from .errors import LensBiasError
-from .models import ACTIVATIONS, ARCHS, POSITIONAL_EMBEDDINGS, random_init
+from .models import ACTIVATIONS, ARCHS, POSITIONAL_EMBEDDINGS, ModelSpec, random_init
 from .report import SECTIONS, analyze
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "parse_model_spec"]
+
+# Short keys of a model spec string ("llama:d=256,L=4,seed=3") -> ModelSpec fields.
+_SPEC_KEYS = {"d": "d_model", "L": "n_layers", "H": "n_heads", "V": "d_vocab", "ctx": "n_ctx", "act": "act_fn", "pos": "positional_embedding", "mlp": "d_mlp"}
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _ALL_ACTS = sorted({a for acts in ACTIVATIONS.values() for a in acts})
@@ -57,7 +62,63 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--ablations", action="store_true", help="add the ablation table (one more pass per condition)")
     r.add_argument("--json", action="store_true", help="print the report as JSON instead of text")
     r.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+    f = sub.add_parser(
+        "fingerprint",
+        help="SeedPrint features of a random-init model, saved to a file",
+        description="Fingerprint a model for the SeedPrint lineage test. MODEL is a random-init spec such as "
+        "'llama:d=256,L=4,seed=3' (keys: d, L, H, V, ctx, act, pos, mlp, seed, init_std, attn_only, or any "
+        "ModelSpec field) or a saved fingerprint to re-check.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    f.add_argument("model", metavar="MODEL", help="random-init spec, e.g. llama:d=256,L=4,seed=3")
+    f.add_argument("-o", "--output", required=True, help="where to save the fingerprint (.pt)")
+    f.add_argument("--inputs", choices=["tokens", "embeddings"], default="tokens", help="random token IDs or embeddings")
+    f.add_argument("--n", type=int, default=2000, help="random sequences")
+    f.add_argument("--seq-len", type=int, default=1024, help="tokens per sequence")
+    f.add_argument("--input-seed", type=int, default=42, help="seed of the random inputs")
+    f.add_argument("--vocab", type=int, default=None, help="draw token IDs below this (the smallest vocabulary you compare)")
+    f.add_argument("--batch-size", type=int, default=None, help="sequences per forward pass")
+    f.add_argument("--device", default="cpu", help="torch device")
+    f.add_argument("--dtype", choices=sorted(_DTYPES), default="float32", help="model dtype")
+    f.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+    t = sub.add_parser(
+        "seedprint",
+        help="the SeedPrint lineage test between two saved fingerprints",
+        description="Do two models share an initialisation? Tests fingerprints written by 'lens-bias fingerprint' "
+        "(or lens_bias.seedprint.Fingerprint.save); A is the base model.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    t.add_argument("a", metavar="A.pt", help="the base model's fingerprint")
+    t.add_argument("b", metavar="B.pt", help="the suspect's fingerprint, made from the same inputs")
+    t.add_argument("--m", type=int, default=None, help="identity dimensions (default: ratio-k × D)")
+    t.add_argument("--ratio-k", type=float, default=0.10, help="m as a share of D")
+    t.add_argument("--mode", choices=list(seedprint.MODES), default="coset", help="identity-dimension mode")
+    t.add_argument("--temperature", type=float, default=10.0, help="softmax temperature")
+    t.add_argument("--null", choices=list(seedprint.NULLS), default="analytic", help="null distribution")
+    t.add_argument("--n-null", type=int, default=20, help="fresh inits for --null seeds")
+    t.add_argument("--aggregate", action="store_true", help="add the aggregate signal (analytic null)")
+    t.add_argument("--alpha", type=float, default=0.01, help="significance level")
+    t.add_argument("--json", action="store_true", help="print the result as JSON")
     return parser
+
+
+def parse_model_spec(text: str) -> ModelSpec:
+    """``"llama:d=256,L=4,seed=3"`` -> ``ModelSpec(arch="llama", d_model=256, n_layers=4, seed=3)``."""
+    arch, _, rest = text.partition(":")
+    fields: dict[str, object] = {}
+    for item in filter(None, rest.split(",")):
+        key, eq, value = (part.strip() for part in item.partition("="))
+        name = _SPEC_KEYS.get(key, key)
+        if not eq or name not in ModelSpec.__dataclass_fields__ or name == "arch":
+            raise LensBiasError(f"bad model spec item {item!r}: use key=value with keys {sorted(_SPEC_KEYS)} or ModelSpec fields")
+        kind = str(ModelSpec.__dataclass_fields__[name].type)  # "int", "float", "bool", "str | None", ...
+        try:
+            fields[name] = (value.lower() in ("1", "true", "yes")) if kind == "bool" else float(value) if kind == "float" else int(value) if kind.startswith("int") else value
+        except ValueError:
+            raise LensBiasError(f"model spec {name}={value!r} is not a {kind}") from None
+    return ModelSpec(arch=arch.strip(), **fields).resolved()
 
 
 def _analyze(args: argparse.Namespace) -> str:
@@ -91,14 +152,45 @@ def _analyze(args: argparse.Namespace) -> str:
     return json.dumps(report.to_dict(), indent=2) if args.json else str(report)
 
 
+def _fingerprint(args: argparse.Namespace) -> str:
+    spec = parse_model_spec(args.model)
+    model = random_init(spec, device=args.device, dtype=_DTYPES[args.dtype])
+    fp = seedprint.fingerprint(
+        model, inputs=args.inputs, n=args.n, seq_len=args.seq_len, seed=args.input_seed, vocab=args.vocab,
+        batch_size=args.batch_size, progress=not args.no_progress,
+    )
+    fp.save(args.output)
+    return f"fingerprint of {args.model}: {fp.n} × {fp.d} features from {args.inputs} -> {args.output}"
+
+
+def _seedprint(args: argparse.Namespace) -> str:
+    result = seedprint.test(
+        seedprint.Fingerprint.load(args.a), seedprint.Fingerprint.load(args.b), m=args.m, ratio_k=args.ratio_k,
+        mode=args.mode, temperature=args.temperature, null=args.null, n_null=args.n_null, aggregate=args.aggregate,
+        alpha=args.alpha,
+    )
+    if args.json:
+        fields = ("p", "log10_p", "tau_bar", "z", "k", "n", "m", "mode", "null", "alpha", "same_lineage", "p_rank", "reason")
+        return json.dumps({name: getattr(result, name) for name in fields}, indent=2)
+    return str(result)
+
+
+def _show_warning(message: Warning | str, category: type[Warning], *args: object, **kwargs: object) -> None:
+    """Library warnings as one line on stderr, without the source excerpt Python adds."""
+    print(f"warning: {message}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``lens-bias`` and ``python -m lens_bias``; returns the exit code."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
+    commands = {"analyze": _analyze, "fingerprint": _fingerprint, "seedprint": _seedprint}
+    shown, warnings.showwarning = warnings.showwarning, _show_warning
     try:
-        if args.command == "analyze":
-            print(_analyze(args))
-    except (LensBiasError, TypeError) as err:
+        print(commands[args.command](args))
+    except (LensBiasError, TypeError, FileNotFoundError) as err:
         print(f"lens-bias {args.command}: error: {err}", file=sys.stderr)
         return 2
+    finally:
+        warnings.showwarning = shown
     return 0

@@ -14,6 +14,7 @@ import torch
 from lens_bias.analyses.ablation import AblationResult, ablate
 from lens_bias.analyses.contraction import Contraction, ContractionResult
 from lens_bias.analyses.decomposition import Decomposition, DecompositionResult
+from lens_bias.analyses.fingerprint import FingerprintSection, FingerprintSummary
 from lens_bias.analyses.token_preference import TokenPreference, TokenPreferenceResult
 
 from .adapter import ModelAdapter, ModelInfo
@@ -28,6 +29,7 @@ SECTIONS: dict[str, type[Analysis]] = {
     "token_preference": TokenPreference,
     "contraction": Contraction,
     "decomposition": Decomposition,
+    "fingerprint": FingerprintSection,
 }
 
 
@@ -40,6 +42,7 @@ class BiasReport:
     token_preference: TokenPreferenceResult | None = None
     contraction: ContractionResult | None = None
     decomposition: DecompositionResult | None = None
+    fingerprint: FingerprintSummary | None = None
     ablations: AblationResult | None = None  # opt-in: analyze(model, ablations=True)
 
     def sections(self) -> dict[str, Result]:

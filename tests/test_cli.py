@@ -47,3 +47,29 @@ def test_entry_points(command):
     done = subprocess.run([*command, "analyze", *SMALL], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "contraction" in done.stdout
+
+
+def test_fingerprint_then_seedprint(tmp_path, capsys):
+    paths = []
+    for seed in (1, 2):
+        path = tmp_path / f"fp{seed}.pt"
+        spec = f"llama:d=64,L=2,H=4,V=4000,ctx=32,seed={seed}"
+        assert main(["fingerprint", spec, "-o", str(path), "--n", "200", "--seq-len", "16", "--no-progress"]) == 0
+        paths.append(str(path))
+    capsys.readouterr()
+    assert main(["seedprint", paths[0], paths[0], "--m", "32", "--json"]) == 0
+    same = json.loads(capsys.readouterr().out)
+    assert same["same_lineage"] and same["tau_bar"] == pytest.approx(1.0)
+    assert main(["seedprint", *paths, "--m", "32"]) == 0
+    assert "SeedPrint (analytic null" in capsys.readouterr().out
+
+
+def test_model_spec_strings():
+    from lens_bias.cli import parse_model_spec
+
+    spec = parse_model_spec("gpt2:d=128,L=3,act=relu,pos=none,seed=7,init_std=0.01,attn_only=false")
+    assert (spec.arch, spec.d_model, spec.n_layers, spec.act_fn, spec.positional_embedding, spec.seed, spec.init_std, spec.attn_only) == (
+        "gpt2", 128, 3, "relu", "none", 7, 0.01, False
+    )
+    assert main(["fingerprint", "llama:d=6x4", "-o", "x.pt"]) == 2
+    assert main(["fingerprint", "llama:width=64", "-o", "x.pt"]) == 2

@@ -263,3 +263,14 @@ def test_lineage_with_embedding_inputs_and_the_seeds_null(lineage_models):
     related = sp.test(a, child, m=64, null="seeds", null_fingerprints=null)
     assert related.p < 1e-10 and related.p_rank == pytest.approx(1 / 21)
     assert sp.test(b, child, m=64, null="seeds", null_fingerprints=null).p > 0.01
+
+
+def test_report_fingerprint_section_shows_the_identity_dims_the_test_uses():
+    model = lens_bias.random_init("llama", seed=4, **SMALL)
+    report = lens_bias.analyze(model, n_sequences=40, seq_len=16, sections=["fingerprint"], progress=False)
+    fp = sp.fingerprint(model, n=40, seq_len=16, progress=False)
+    m = int(0.10 * 64)
+    assert report.fingerprint.dims.tolist() == sorted(sp.identity_dims(fp.features, m).tolist())
+    table = report.fingerprint.to_pandas()
+    assert len(table) == m and (table.softmax_std > 0).all()
+    assert table["mean"].max() <= fp.features.mean(0).sort().values[m - 1] + 1e-6
