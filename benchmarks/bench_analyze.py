@@ -9,27 +9,12 @@ position included, as a user would run it), measured in the same process. Target
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 
 import lens_bias
+from _timing import timed
 from lens_bias import ModelAdapter
-
-
-def timed(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def main() -> None:

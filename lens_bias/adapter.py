@@ -293,7 +293,8 @@ class ModelAdapter:
         fwd_hooks += [(name, make_probe_hook(name, group)) for name, group in by_hook.items()]
 
         was_training = self.model.training
-        self.model.eval()
+        if was_training:  # train()/eval() walk every submodule of a bridge: only switch when needed
+            self.model.eval()
         try:
             with torch.inference_mode(), self.model.hooks(fwd_hooks=fwd_hooks):
                 starts = range(0, n, batch_size)
@@ -315,7 +316,8 @@ class ModelAdapter:
                             f"pass of this {type(self.model).__name__}: they exist but are not on its computation path"
                         )
         finally:
-            self.model.train(was_training)
+            if was_training:
+                self.model.train()
         edited = ({"hook_embed"} if is_embedding else set()) | {name for name, _ in interventions}
         silent = self._never_firing(edited - fired_ever, seq_len)
         if silent:

@@ -1,0 +1,127 @@
+"""SeedPrint benchmarks: every figure a ratio against a baseline measured in the same run.
+
+1. fingerprint extraction / a full ``model(tokens)`` forward on the same inputs (target <= 0.9 when V >= 16·d:
+   extraction stops after the final norm and never computes the unembedding);
+2. fingerprint extraction / the plain HF inner-model forward ``hf_model.model(input_ids)``, the reference code's
+   path (target <= 1.1);
+3. the scipy ``kendalltau`` loop / the vectorised Kendall τ-b over N × k columns (target >= 10);
+4. peak memory of fingerprinting N = 2000 / N = 200 inputs, each in a fresh process (target <= 1.2).
+
+    python benchmarks/bench_seedprint.py                       # CPU defaults: llama d 256, 4 layers, V 8000
+    python benchmarks/bench_seedprint.py --device cuda --dtype bfloat16 --d-model 768 --n-layers 12 \\
+        --d-vocab 32000 --seq-len 1024 --n 256                 # the 160M toy of the papers, on a GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torch
+from scipy.stats import kendalltau
+
+import lens_bias
+from _timing import timed
+from lens_bias import ModelAdapter
+from lens_bias.seedprint import fingerprint
+from lens_bias.stats import kendall_tau_b
+
+
+def build(args: argparse.Namespace):
+    return lens_bias.random_init(
+        "llama", d_model=args.d_model, n_layers=args.n_layers, n_heads=max(1, args.d_model // 64), d_vocab=args.d_vocab,
+        n_ctx=args.seq_len, device=args.device, dtype=getattr(torch, args.dtype),
+    )
+
+
+def peak_memory(args: argparse.Namespace) -> None:
+    """Child process: fingerprint args.n inputs, print the peak memory in bytes."""
+    model = build(args)
+    torch.cuda.reset_peak_memory_stats() if args.device.startswith("cuda") else None
+    baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    fingerprint(model, n=args.n, seq_len=args.seq_len, batch_size=args.batch_size, progress=False)
+    if args.device.startswith("cuda"):
+        print(json.dumps({"peak": torch.cuda.max_memory_allocated()}))
+    else:
+        print(json.dumps({"peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "before": baseline * 1024}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--d-model", type=int, default=256)
+    parser.add_argument("--n-layers", type=int, default=4)
+    parser.add_argument("--d-vocab", type=int, default=8000)
+    parser.add_argument("--n", type=int, default=256, help="inputs for the timing ratios")
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--kendall-n", type=int, default=10_000)
+    parser.add_argument("--kendall-k", type=int, default=400)
+    parser.add_argument("--peak-only", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.peak_only:
+        peak_memory(args)
+        return
+
+    model = build(args)
+    tokens = lens_bias.random_tokens(args.n, args.seq_len, args.d_vocab)
+    batches = [tokens[i : i + args.batch_size].to(args.device) for i in range(0, args.n, args.batch_size)]
+    hf_inner = model.original_model.model
+
+    def full_forward() -> None:
+        with torch.inference_mode():
+            for batch in batches:
+                model(batch)
+
+    def hf_forward() -> None:
+        with torch.inference_mode():
+            for batch in batches:
+                hf_inner(input_ids=batch)
+
+    def extract() -> None:
+        fingerprint(model, inputs=tokens, batch_size=args.batch_size, progress=False)
+
+    t_full, t_hf, t_extract = timed(full_forward, args.repeats), timed(hf_forward, args.repeats), timed(extract, args.repeats)
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((args.kendall_n, args.kendall_k))
+    y = 0.3 * x + rng.standard_normal(x.shape)
+    start = time.perf_counter()
+    for j in range(args.kendall_k):
+        kendalltau(x[:, j], y[:, j])
+    t_scipy = time.perf_counter() - start
+    xt, yt = torch.from_numpy(x).to(args.device), torch.from_numpy(y).to(args.device)
+    t_vector = timed(lambda: kendall_tau_b(xt, yt), args.repeats)
+
+    peaks = {}
+    for n in (200, 2000):
+        cmd = [sys.executable, __file__, "--peak-only", "--n", str(n), "--d-model", str(args.d_model), "--n-layers", str(args.n_layers),
+               "--d-vocab", str(args.d_vocab), "--seq-len", str(args.seq_len), "--batch-size", str(args.batch_size),
+               "--device", args.device, "--dtype", args.dtype]
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+        peaks[n] = json.loads(out.strip().splitlines()[-1])["peak"]
+
+    info = ModelAdapter(model).info
+    device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"CPU, {torch.get_num_threads()} threads"
+    print(f"llama d_model {info.d_model}, {info.n_layers} layers, V {info.d_vocab} (V/d = {info.d_vocab / info.d_model:.0f}); "
+          f"{args.n} inputs × {args.seq_len} tokens, batch {args.batch_size}; {device_name}, {args.dtype}")
+    print(f"full model(tokens) forward:   {t_full:.3f} s")
+    print(f"HF inner-model forward:       {t_hf:.3f} s")
+    print(f"fingerprint extraction:       {t_extract:.3f} s")
+    print(f"scipy kendalltau loop ({args.kendall_n} × {args.kendall_k}): {t_scipy:.3f} s; vectorised: {t_vector:.3f} s")
+    print(f"peak memory fingerprinting 200 / 2000 inputs: {peaks[200] / 2**20:.0f} MiB / {peaks[2000] / 2**20:.0f} MiB")
+    print(f"extraction / full forward:      {t_extract / t_full:.2f} (target <= 0.9)")
+    print(f"extraction / HF inner forward:  {t_extract / t_hf:.2f} (target <= 1.1)")
+    print(f"scipy loop / vectorised Kendall: {t_scipy / t_vector:.2f} (target >= 10)")
+    print(f"peak memory N 2000 / N 200:     {peaks[2000] / peaks[200]:.2f} (target <= 1.2)")
+
+
+if __name__ == "__main__":
+    main()
