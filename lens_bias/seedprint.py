@@ -288,6 +288,8 @@ def _check_compatible(a: FeaturesLike, b: FeaturesLike, fa: Tensor, fb: Tensor) 
 
 @dataclass(frozen=True)
 class _Core:
+    """One pass of the pipeline: identity dims, per-dimension τ's and their mean over the k defined ones."""
+
     tau_bar: float
     taus: Tensor
     dims: Tensor
@@ -310,7 +312,8 @@ def _core(fa: Tensor, fb: Tensor, m: int, mode: str, temperature: float) -> _Cor
     return _Core(valid.mean().item() if valid.numel() else float("nan"), taus, dims, int(valid.numel()))
 
 
-def _log_p_two_sided(z: float, factor: float) -> float:
+def _log_p_scaled_sf(z: float, factor: float) -> float:
+    """log of min(1, factor · Φ̄(z)), exact far into the tail (``norm.logsf``)."""
     return min(0.0, math.log(factor) + float(norm.logsf(z)))
 
 
@@ -397,11 +400,11 @@ def test(
     if null == "analytic":
         sd = tau_null_sd(n)
         result.z = core.tau_bar / (sd / math.sqrt(core.k))
-        log_p = _log_p_two_sided(result.z, 2.0)
+        log_p = _log_p_scaled_sf(result.z, 2.0)
         if aggregate:
             agg = kendall_tau_b(fa[:, dims].mean(1, keepdim=True), fb[:, dims].mean(1, keepdim=True))[0].item()
             result.tau_agg, result.z_agg = agg, agg / sd
-            log_p = _log_p_two_sided(max(result.z, result.z_agg), 4.0)
+            log_p = _log_p_scaled_sf(max(result.z, result.z_agg), 4.0)
     elif null == "empirical":
         log_p = _empirical(result, core, (n, d), m, mode, temperature, n_trials, test_type, null_seed)
     else:

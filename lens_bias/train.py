@@ -1,0 +1,200 @@
+"""A small, deterministic language-model trainer for TransformerLens models built by lens_bias.
+
+AdamW with warmup and a cosine (or constant) schedule, gradient clipping, and a data order that depends only
+on ``data_seed`` — models with different init seeds see identical batches, as in the SeedPrints experiments.
+Interventions from ``lens_bias.hooks`` can stay attached during training. Unlike the analyses, training changes
+the model you pass: that is its purpose.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence, Union
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from .adapter import ModelAdapter
+from .data import TokenData
+from .errors import LensBiasError
+from .hooks import Intervention, intervene
+from .models import ModelSpec, random_init
+
+__all__ = ["train", "TrainingRun", "save_checkpoint", "load_checkpoint", "batch_order"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainingRun:
+    """What a training run did: the loss curve, the held-out loss, and where checkpoints went."""
+
+    losses: pd.DataFrame  # step, loss, lr
+    evals: pd.DataFrame  # step, eval_loss
+    checkpoints: list[Path] = field(default_factory=list)
+    config: dict[str, Any] = field(default_factory=dict)
+
+    def to_pandas(self) -> pd.DataFrame:
+        return self.losses.merge(self.evals, on="step", how="left")
+
+    @property
+    def final_eval_loss(self) -> float:
+        return float(self.evals.eval_loss.iloc[-1])
+
+
+def batch_order(n_blocks: int, steps: int, batch_size: int, data_seed: int) -> torch.Tensor:
+    """Block indices of every batch ``[steps, batch_size]``: epochs of permutations from ``data_seed`` alone."""
+    generator = torch.Generator().manual_seed(data_seed)
+    needed = steps * batch_size
+    perms = [torch.randperm(n_blocks, generator=generator) for _ in range(math.ceil(needed / n_blocks))]
+    return torch.cat(perms)[:needed].view(steps, batch_size)
+
+
+def _lr(step: int, steps: int, lr: float, warmup: int, schedule: str) -> float:
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    if schedule == "constant":
+        return lr
+    progress = (step - warmup) / max(1, steps - warmup)
+    return lr * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def _loss(model: Any, blocks: torch.Tensor) -> torch.Tensor:
+    logits = model(blocks[:, :-1])
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), blocks[:, 1:].reshape(-1))
+
+
+@torch.no_grad()
+def evaluate(model: Any, blocks: torch.Tensor, batch_size: int = 32, device: Any = None) -> float:
+    """Mean next-token cross-entropy (nats) over ``blocks``."""
+    total, count = 0.0, 0
+    for start in range(0, len(blocks), batch_size):
+        batch = blocks[start : start + batch_size].to(device)
+        total += _loss(model, batch).item() * len(batch)
+        count += len(batch)
+    return total / count
+
+
+def train(
+    model: Any,
+    data: TokenData,
+    *,
+    steps: int,
+    batch_size: int = 32,
+    lr: float = 3e-4,
+    weight_decay: float = 0.1,
+    warmup: int | None = None,
+    schedule: str = "cosine",
+    grad_clip: float = 1.0,
+    data_seed: int = 42,
+    eval_every: int | None = None,
+    eval_blocks: int = 128,
+    checkpoint_every: int | None = None,
+    checkpoint_dir: Union[str, Path, None] = None,
+    interventions: Sequence[Intervention] = (),
+    dtype: torch.dtype | None = None,
+    progress: bool = True,
+) -> TrainingRun:
+    """Train ``model`` in place on ``data`` (next-token prediction) and return the run's record.
+
+    Args:
+        model: a TransformerLens model whose vocabulary covers ``data``'s tokenizer.
+        data: packed token blocks (``TokenData.build``); sequences are ``data.seq_len`` tokens.
+        steps: optimizer steps.
+        batch_size: sequences per step.
+        lr: peak learning rate (AdamW).
+        weight_decay: AdamW weight decay on matrices (not on norms and biases).
+        warmup: linear warmup steps (default: 10% of steps, at most 200).
+        schedule: "cosine" (to zero) or "constant" after warmup.
+        grad_clip: max global gradient norm.
+        data_seed: the only source of the data order.
+        eval_every: steps between held-out evaluations (default: 4 per run); always evaluated at the end.
+        eval_blocks: held-out blocks per evaluation.
+        checkpoint_every: save a checkpoint every this many steps (and at step 0) into ``checkpoint_dir``.
+        checkpoint_dir: folder for checkpoints.
+        interventions: lens_bias.hooks interventions attached for the whole run.
+        dtype: autocast dtype on CUDA (e.g. ``torch.bfloat16``); ignored on CPU.
+        progress: a progress bar over steps.
+
+    Returns:
+        A :class:`TrainingRun`.
+    """
+    adapter = ModelAdapter(model)
+    if data.vocab_size > adapter.info.d_vocab:
+        raise LensBiasError(f"the tokenizer has {data.vocab_size} tokens but the model's d_vocab is {adapter.info.d_vocab}")
+    if data.seq_len > adapter.info.n_ctx:
+        raise LensBiasError(f"blocks of {data.seq_len} tokens exceed the model's n_ctx={adapter.info.n_ctx}")
+    if schedule not in ("cosine", "constant"):
+        raise LensBiasError(f"schedule must be 'cosine' or 'constant', got {schedule!r}")
+    if checkpoint_every and checkpoint_dir is None:
+        raise LensBiasError("checkpoint_every needs checkpoint_dir")
+    warmup = min(200, steps // 10) if warmup is None else warmup
+    eval_every = eval_every or max(1, steps // 4)
+    device = adapter.device
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+    ]
+    optimizer = torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95))
+    order = batch_order(len(data.train), steps, batch_size, data_seed)
+    held_out = data.eval[:eval_blocks]
+    autocast = torch.autocast("cuda", dtype=dtype) if dtype is not None and device.type == "cuda" else nullcontext()
+    losses, evals, checkpoints = [], [], []
+    folder = Path(checkpoint_dir) if checkpoint_dir is not None else None
+
+    def checkpoint(step: int) -> None:
+        folder.mkdir(parents=True, exist_ok=True)  # type: ignore[union-attr]
+        path = folder / f"step{step:06d}.pt"  # type: ignore[operator]
+        save_checkpoint(model, path, step=step)
+        checkpoints.append(path)
+
+    model.train()
+    with intervene(model, *interventions):
+        if checkpoint_every:
+            checkpoint(0)
+        for step in tqdm(range(steps), desc="train", disable=not progress):
+            rate = _lr(step, steps, lr, warmup, schedule)
+            for group in optimizer.param_groups:
+                group["lr"] = rate
+            with autocast:
+                loss = _loss(model, data.train[order[step]].to(device))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, grad_clip)
+            optimizer.step()
+            losses.append({"step": step + 1, "loss": loss.item(), "lr": rate})
+            if (step + 1) % eval_every == 0 or step + 1 == steps:
+                model.eval()
+                with autocast:
+                    evals.append({"step": step + 1, "eval_loss": evaluate(model, held_out, device=device)})
+                model.train()
+            if checkpoint_every and (step + 1) % checkpoint_every == 0:
+                checkpoint(step + 1)
+    model.eval()
+    config = dict(steps=steps, batch_size=batch_size, lr=lr, weight_decay=weight_decay, warmup=warmup, schedule=schedule, grad_clip=grad_clip, data_seed=data_seed, corpus=data.corpus_name, seq_len=data.seq_len, interventions=[repr(iv) for iv in interventions])
+    return TrainingRun(pd.DataFrame(losses), pd.DataFrame(evals), checkpoints, config)
+
+
+def save_checkpoint(model: Any, path: Union[str, Path], **extra: Any) -> None:
+    """A plain state_dict file with the lens_bias spec it was built from, loadable by :func:`load_checkpoint`."""
+    spec = getattr(model, "lens_bias_spec", None)
+    if spec is None:
+        raise LensBiasError("save_checkpoint needs a model built by lens_bias.random_init (it records model.lens_bias_spec)")
+    torch.save({"format": "lens_bias.checkpoint/1", "spec": spec.to_dict(), "state_dict": model.state_dict(), **extra}, path)
+
+
+def load_checkpoint(path: Union[str, Path], *, device: Union[str, torch.device, None] = None) -> Any:
+    """Rebuild the architecture from the checkpoint's spec and load its weights."""
+    saved = torch.load(path, map_location="cpu", weights_only=True)
+    if saved.get("format") != "lens_bias.checkpoint/1":
+        raise LensBiasError(f"{path} is not a lens_bias checkpoint (write one with save_checkpoint)")
+    model = random_init(ModelSpec.from_dict(saved["spec"]), device=device)
+    model.load_state_dict(saved["state_dict"])
+    return model
