@@ -101,6 +101,19 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--aggregate", action="store_true", help="add the aggregate signal (analytic null)")
     t.add_argument("--alpha", type=float, default=0.01, help="significance level")
     t.add_argument("--json", action="store_true", help="print the result as JSON")
+
+    e = sub.add_parser(
+        "persistence",
+        help="the SeedPrint persistence experiment: train seven small models, test lineage (tables 1-4)",
+        description="Pretrain init seeds 42, 123, 1000, 2000 on stdlib prose (data seed 42), continue 1000 and 123 on "
+        "stdlib code, and test lineage between inits, trained and continued models. Exits 1 when a verdict "
+        "differs from the expected one.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    e.add_argument("--preset", choices=["tiny", "default", "scale"], default="default", help="sizes (tiny ≈ 2 min, default ≤ 20 min on 2 CPU cores, scale: the 160M toy on a GPU)")
+    e.add_argument("--inputs", nargs="+", choices=["tokens", "embeddings"], default=["tokens"], help="fingerprint input kinds")
+    e.add_argument("--out", default=None, help="write tables.csv, tables.md, curve.csv, training.csv here")
+    e.add_argument("--no-progress", action="store_true", help="hide progress bars")
     return parser
 
 
@@ -175,6 +188,16 @@ def _seedprint(args: argparse.Namespace) -> str:
     return str(result)
 
 
+def _persistence(args: argparse.Namespace) -> str:
+    from .persistence import run_persistence, summary
+
+    result = run_persistence(args.preset, inputs=args.inputs, progress=not args.no_progress)
+    if args.out:
+        result.save(args.out)
+    args.failed = not result.all_as_expected
+    return summary(result)
+
+
 def _show_warning(message: Warning | str, category: type[Warning], *args: object, **kwargs: object) -> None:
     """Library warnings as one line on stderr, without the source excerpt Python adds."""
     print(f"warning: {message}", file=sys.stderr)
@@ -184,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``lens-bias`` and ``python -m lens_bias``; returns the exit code."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
-    commands = {"analyze": _analyze, "fingerprint": _fingerprint, "seedprint": _seedprint}
+    commands = {"analyze": _analyze, "fingerprint": _fingerprint, "seedprint": _seedprint, "persistence": _persistence}
     shown, warnings.showwarning = warnings.showwarning, _show_warning
     try:
         print(commands[args.command](args))
@@ -193,4 +216,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     finally:
         warnings.showwarning = shown
-    return 0
+    return 1 if getattr(args, "failed", False) else 0

@@ -106,3 +106,27 @@ def test_training_refuses_mismatched_data(blocks):
     small_vocab = lens_bias.random_init("gpt2", d_model=64, n_layers=2, n_heads=4, d_vocab=500, n_ctx=32)
     with pytest.raises(LensBiasError, match="d_vocab"):
         train(small_vocab, on_prose, steps=1)
+
+
+def test_tiny_persistence_run_gives_the_papers_verdicts(tmp_path):
+    import pandas as pd
+
+    from lens_bias.persistence import run_persistence
+
+    result = run_persistence("tiny", progress=False)
+    result.save(tmp_path)
+    tables = pd.read_csv(tmp_path / "tables.csv")
+    assert list(tables.columns) == ["table", "base", "target", "inputs", "tau_bar", "k", "p", "same_lineage", "expected"]
+    assert sorted(tables.table.value_counts().items()) == [(1, 4), (2, 4), (3, 4), (4, 2)]
+    for row in tables.itertuples():
+        if row.table == 2:
+            assert row.p < 1e-10, row  # init -> trained, same seed
+        elif row.expected == "related":
+            assert row.p < 0.01, row  # trained 1000 -> continued on code from 1000
+        else:
+            assert row.p > 0.01, row  # different init seeds, however trained
+    assert result.all_as_expected
+    curve = result.curve
+    assert list(curve.step) == [0, 20, 40, 60] and (curve.log10_p < -10).all()
+    training = result.training
+    assert (training.eval_loss < training.final_train_loss + 0.5).all() and len(training) == 6

@@ -2,6 +2,7 @@
 
 import json
 import runpy
+import subprocess
 import sys
 from pathlib import Path
 
@@ -40,3 +41,27 @@ def test_ablation_notebook_runs_top_to_bottom():
     final = ns["ablation"].final()
     assert final.loc["odd_mlp", "inter"] < 0.05 < final.loc["base", "inter"]
     assert [row["inter"] for row in ns["rows"]] == sorted(row["inter"] for row in ns["rows"])[::-1]
+
+
+def test_persistence_notebook_runs_top_to_bottom():
+    ns = run_notebook(EXAMPLES / "seedprint_persistence.ipynb")
+    assert ns["result"].all_as_expected
+
+
+def test_persistence_command_writes_files_and_exits_1_on_a_wrong_verdict(tmp_path, monkeypatch, capsys):
+    """The CLI plumbing around run_persistence (the run itself is tested in test_data_train.py)."""
+    import pandas as pd
+
+    import lens_bias.persistence as persistence
+    from lens_bias.cli import main
+
+    row = dict(table=1, base="init 42", target="init 123", inputs="tokens", null="analytic", tau_bar=0.3, k=10, p=1e-5, log10_p=-5.0, same_lineage=True, expected="unrelated", ok=False)
+    fake = persistence.PersistenceResult(pd.DataFrame([row]), pd.DataFrame({"step": [0], "log10_p": [-9.0]}), pd.DataFrame({"run": ["x"], "eval_loss": [1.0]}))
+    monkeypatch.setattr(persistence, "run_persistence", lambda *a, **k: fake)
+    assert main(["persistence", "--preset", "tiny", "--out", str(tmp_path), "--no-progress"]) == 1
+    assert "1 verdict(s) differ" in capsys.readouterr().out
+    assert {p.name for p in tmp_path.iterdir()} == {"tables.csv", "tables.md", "curve.csv", "training.csv"}
+    fake.tables.loc[0, "ok"] = True
+    assert main(["persistence", "--preset", "tiny", "--no-progress"]) == 0
+    done = subprocess.run([sys.executable, str(EXAMPLES / "seedprint_persistence.py"), "--help"], capture_output=True, text=True)
+    assert done.returncode == 0 and "--tiny" in done.stdout

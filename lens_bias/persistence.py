@@ -1,0 +1,231 @@
+"""The SeedPrint persistence experiment in miniature: does the init bias survive training and a distribution shift?
+
+Init seeds {42, 123, 1000, 2000}, data seed 42. Every model is pretrained on ``prose``; the models from seeds 1000
+and 123 are then continued on ``code`` (the shift). The papers' four tables:
+
+| table | base vs target | expected |
+|---|---|---|
+| 1 | init s_i vs init s_j (4 pairs) | unrelated (p > 0.01) |
+| 2 | init s vs trained s (4) | related, p < 1e-10 |
+| 3 | init s_i vs trained s_j, same data and order (4 pairs) | unrelated |
+| 4 | trained 1000 vs code-continued from 1000 / from 123 | related / unrelated |
+
+each with token inputs (analytic null, N ≤ V/4) and with embedding inputs (seeds null: the analytic null is
+unsafe there at this size), plus the lineage of one run's checkpoints against its init (log10 p by step).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Sequence, Union
+
+import pandas as pd
+from tqdm.auto import tqdm
+
+from . import seedprint
+from .data import TokenData, code, prose
+from .errors import LensBiasError
+from .models import ModelSpec, random_init
+from .train import load_checkpoint, train
+
+__all__ = ["PersistenceConfig", "PersistenceResult", "PRESETS", "run_persistence"]
+
+logger = logging.getLogger(__name__)
+
+SEEDS = (42, 123, 1000, 2000)
+DATA_SEED = 42
+CYCLE = [(SEEDS[i], SEEDS[(i + 1) % len(SEEDS)]) for i in range(len(SEEDS))]  # the 4 pairs of tables 1 and 3
+# Table 2's bar: "related" there must be overwhelming, not just below alpha.
+STRONG = 1e-10
+ALPHA = 0.01
+
+
+@dataclass(frozen=True)
+class PersistenceConfig:
+    """Sizes of the experiment; ``PRESETS`` holds the tested ones."""
+
+    arch: str = "llama"
+    d_model: int = 128
+    n_layers: int = 4
+    n_heads: int = 4
+    vocab: int = 4096  # BPE vocabulary = the models' d_vocab; token fingerprints need N <= vocab / 4
+    seq_len: int = 64  # training sequence length
+    batch_size: int = 16
+    pretrain_steps: int = 400
+    pretrain_lr: float = 2e-3
+    continue_steps: int = 200
+    continue_lr: float = 5e-4  # continued training uses a smaller rate, as in the papers (2e-5 at 160M)
+    weight_decay: float = 0.1
+    checkpoint_every: int = 50  # the lineage curve of the seed-42 run
+    n_inputs: int = 1000  # fingerprint inputs
+    input_len: int = 64
+    m: int = 64  # identity dims; about d_model / 2 at small width
+    n_null: int = 20  # fresh inits in the seeds null (embedding inputs)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "PersistenceConfig":
+        return cls(**d)
+
+
+PRESETS = {
+    "tiny": PersistenceConfig(d_model=64, n_layers=2, vocab=2048, seq_len=32, batch_size=8, pretrain_steps=60, continue_steps=30, pretrain_lr=3e-3, continue_lr=1e-3, checkpoint_every=20, n_inputs=400, input_len=32, m=32, n_null=12),
+    "default": PersistenceConfig(),
+    # The papers' 160M LLaMA toy (d 768, 12 layers, ffn 2048) for GPU users: 2048-token blocks, batch 32, lr 3e-4.
+    "scale": PersistenceConfig(d_model=768, n_layers=12, n_heads=12, vocab=32000, seq_len=2048, batch_size=32, pretrain_steps=5000, pretrain_lr=3e-4, continue_steps=2000, continue_lr=2e-5, checkpoint_every=500, n_inputs=2000, input_len=1024, m=76, n_null=20),
+}
+
+
+@dataclass
+class PersistenceResult:
+    """The four tables (both input kinds), the lineage curve, and the training record."""
+
+    tables: pd.DataFrame  # table, base, target, inputs, null, tau_bar, k, p, log10_p, same_lineage, expected, ok
+    curve: pd.DataFrame  # step, log10_p, tau_bar, same_lineage (seed 42: init vs each checkpoint, first input kind)
+    training: pd.DataFrame  # run, steps, final_train_loss, eval_loss, unigram_entropy
+
+    @property
+    def all_as_expected(self) -> bool:
+        return bool(self.tables.ok.all())
+
+    def save(self, out: Union[str, Path]) -> None:
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        columns = ["table", "base", "target", "inputs", "tau_bar", "k", "p", "same_lineage", "expected"]
+        self.tables[columns].to_csv(out / "tables.csv", index=False)
+        (out / "tables.md").write_text(self.markdown())
+        self.curve.to_csv(out / "curve.csv", index=False)
+        self.training.to_csv(out / "training.csv", index=False)
+
+    def markdown(self) -> str:
+        parts = []
+        for kind, frame in self.tables.groupby("inputs", sort=False):
+            rows = ["| table | base | target | τ̄ | k | p | verdict | expected |", "|---|---|---|---|---|---|---|---|"]
+            for r in frame.itertuples():
+                verdict = "related" if r.same_lineage else "unrelated"
+                mark = "" if r.ok else " ✗"
+                rows.append(f"| {r.table} | {r.base} | {r.target} | {r.tau_bar:.4f} | {r.k} | {r.p:.2g} | {verdict}{mark} | {r.expected} |")
+            parts.append(f"{kind} inputs ({frame.null.iloc[0]} null):\n\n" + "\n".join(rows))
+        return "\n\n".join(parts) + "\n"
+
+
+# Input kind -> the null it is tested with (the analytic null is unsafe for embedding inputs at this size).
+NULL_FOR = {"tokens": "analytic", "embeddings": "seeds"}
+
+
+def run_persistence(
+    config: Union[str, PersistenceConfig] = "default", *, inputs: Sequence[str] = ("tokens",), progress: bool = True
+) -> PersistenceResult:
+    """Train the seven models, fingerprint them, and build the four tables and the lineage curve.
+
+    Args:
+        config: a preset name ("tiny", "default", "scale") or a :class:`PersistenceConfig`.
+        inputs: fingerprint input kinds: "tokens" (analytic null) and/or "embeddings" (seeds null).
+        progress: progress bars.
+
+    Returns:
+        A :class:`PersistenceResult`; ``save(dir)`` writes tables.csv, tables.md, curve.csv and training.csv.
+    """
+    cfg = PRESETS[config] if isinstance(config, str) else config
+    kinds = list(inputs)
+    if not kinds or any(k not in NULL_FOR for k in kinds):
+        raise LensBiasError(f"inputs must be a non-empty subset of {list(NULL_FOR)}, got {inputs!r}")
+    if cfg.n_inputs > cfg.vocab // 4:
+        raise LensBiasError(f"token fingerprints need n_inputs <= vocab / 4 (got {cfg.n_inputs} > {cfg.vocab // 4})")
+    on_prose = TokenData.build(prose(), vocab_size=cfg.vocab, seq_len=cfg.seq_len)
+    on_code = TokenData.build(code(), seq_len=cfg.seq_len, tokenizer_from=on_prose)
+    spec = ModelSpec(cfg.arch, d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads, d_vocab=cfg.vocab, n_ctx=max(cfg.seq_len, cfg.input_len))
+    pretrain = dict(steps=cfg.pretrain_steps, batch_size=cfg.batch_size, lr=cfg.pretrain_lr, weight_decay=cfg.weight_decay, data_seed=DATA_SEED, progress=False)
+    prints: dict[str, dict[str, seedprint.Fingerprint]] = {}
+
+    def fingerprints(model: Any) -> dict[str, seedprint.Fingerprint]:
+        return {kind: seedprint.fingerprint(model, inputs=kind, n=cfg.n_inputs, seq_len=cfg.input_len, progress=False) for kind in kinds}
+
+    training = []
+    trained = {}
+    checkpoints: list[Path] = []
+    work = Path(tempfile.mkdtemp(prefix="lens_bias_persistence_"))  # the seed-42 checkpoints, read back below
+    for seed in tqdm(SEEDS, desc="pretraining", disable=not progress):
+        model = random_init(replace(spec, seed=seed))
+        prints[f"init {seed}"] = fingerprints(model)
+        extra = dict(checkpoint_every=cfg.checkpoint_every, checkpoint_dir=work / "seed42") if seed == 42 else {}
+        run = train(model, on_prose, **pretrain, **extra)
+        checkpoints = run.checkpoints if seed == 42 else checkpoints
+        training.append(_training_row(f"pretrain {seed} on prose", run, on_prose))
+        prints[f"trained {seed}"] = fingerprints(model)
+        if seed in (1000, 123):
+            trained[seed] = model
+    for seed in tqdm((1000, 123), desc="continuing on code", disable=not progress):
+        model = copy.deepcopy(trained[seed])
+        model.lens_bias_spec = trained[seed].lens_bias_spec
+        run = train(model, on_code, steps=cfg.continue_steps, batch_size=cfg.batch_size, lr=cfg.continue_lr, weight_decay=cfg.weight_decay, data_seed=DATA_SEED, progress=False)
+        training.append(_training_row(f"continue {seed} on code", run, on_code))
+        prints[f"code-continued {seed}"] = fingerprints(model)
+
+    nulls = {}
+    if "embeddings" in kinds:
+        nulls["embeddings"] = seedprint.seed_null_fingerprints(prints["init 42"]["embeddings"], n_null=cfg.n_null, avoid=list(SEEDS), progress=progress)
+    comparisons = (
+        [(1, f"init {a}", f"init {b}", "unrelated") for a, b in CYCLE]
+        + [(2, f"init {s}", f"trained {s}", f"related, p < {STRONG:g}") for s in SEEDS]
+        + [(3, f"init {a}", f"trained {b}", "unrelated") for a, b in CYCLE]
+        + [(4, "trained 1000", "code-continued 1000", "related"), (4, "trained 1000", "code-continued 123", "unrelated")]
+    )
+    rows = []
+    for kind in kinds:
+        null_kind = NULL_FOR[kind]
+        extra = {"null_fingerprints": nulls[kind]} if null_kind == "seeds" else {}
+        for table, base, target, expected in comparisons:
+            res = seedprint.test(prints[base][kind], prints[target][kind], m=cfg.m, null=null_kind, **extra)
+            rows.append(
+                {
+                    "table": table, "base": base, "target": target, "inputs": kind, "null": null_kind, "tau_bar": res.tau_bar,
+                    "k": res.k, "p": res.p, "log10_p": res.log10_p, "same_lineage": res.same_lineage, "expected": expected,
+                    "ok": _as_expected(res.p, expected),
+                }
+            )
+    curve = []
+    first = kinds[0]
+    for path in checkpoints:
+        checkpoint_print = seedprint.fingerprint(load_checkpoint(path), inputs=first, n=cfg.n_inputs, seq_len=cfg.input_len, progress=False)
+        extra = {"null_fingerprints": nulls[first]} if NULL_FOR[first] == "seeds" else {}
+        res = seedprint.test(prints["init 42"][first], checkpoint_print, m=cfg.m, null=NULL_FOR[first], **extra)
+        curve.append({"step": int(path.stem.removeprefix("step")), "log10_p": res.log10_p, "tau_bar": res.tau_bar, "same_lineage": res.same_lineage})
+    shutil.rmtree(work, ignore_errors=True)
+    return PersistenceResult(pd.DataFrame(rows), pd.DataFrame(curve), pd.DataFrame(training))
+
+
+def _as_expected(p: float, expected: str) -> bool:
+    if expected == "unrelated":
+        return p >= ALPHA
+    if expected == "related":
+        return p < ALPHA
+    return p < STRONG
+
+
+def _training_row(name: str, run: Any, data: TokenData) -> dict[str, Any]:
+    return {
+        "run": name,
+        "steps": int(run.losses.step.iloc[-1]),
+        "final_train_loss": float(run.losses.loss.iloc[-10:].mean()),
+        "eval_loss": run.final_eval_loss,
+        "unigram_entropy": data.unigram_entropy(),
+    }
+
+
+def summary(result: PersistenceResult) -> str:
+    """Training record, the four tables and the lineage curve, as text."""
+    training = result.training.to_string(index=False, float_format=lambda v: f"{v:.3f}")
+    curve = result.curve.to_string(index=False, float_format=lambda v: f"{v:.3g}")
+    wrong = result.tables[~result.tables.ok]
+    verdict = "every verdict as expected" if wrong.empty else f"{len(wrong)} verdict(s) differ from the expected ones: " + "; ".join(
+        f"table {r.table} {r.base} vs {r.target} ({r.inputs}): p = {r.p:.2g}, expected {r.expected}" for r in wrong.itertuples()
+    )
+    return f"training (loss in nats; a model that learned anything beats the unigram entropy):\n{training}\n\n{result.markdown()}\nlineage of the seed-42 run, init vs each checkpoint:\n{curve}\n\n{verdict}"
