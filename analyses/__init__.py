@@ -4,6 +4,9 @@ from .ablation import AblationResult, ablate
 from .contraction import Contraction, ContractionResult
 from .decomposition import Decomposition, DecompositionResult
 from .fingerprint import FingerprintSection, FingerprintSummary
+from .positional_variance import PositionalVariance, PositionalVarianceResult
+from .sinks import Sinks, SinksResult, sink_rate
+from .super_neurons import SuperNeurons, SuperNeuronsResult
 from .token_preference import TokenPreference, TokenPreferenceResult
 
-__all__ = ["Contraction", "ContractionResult", "TokenPreference", "TokenPreferenceResult", "Decomposition", "DecompositionResult", "FingerprintSection", "FingerprintSummary", "ablate", "AblationResult"]
+__all__ = ["Contraction", "ContractionResult", "TokenPreference", "TokenPreferenceResult", "Decomposition", "DecompositionResult", "FingerprintSection", "FingerprintSummary", "ablate", "AblationResult", "PositionalVariance", "PositionalVarianceResult", "Sinks", "SinksResult", "sink_rate", "SuperNeurons", "SuperNeuronsResult"]

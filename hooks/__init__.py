@@ -8,6 +8,7 @@
 from .attention import SelfOnlyAttention, UniformAttention
 from .base import Compose, Intervention, as_hooks, intervene
 from .mlp import ACTIVATION_FUNCTIONS, MeanCenterMLP, OddActivation, SwapActivation
+from .sinks import AmplifyVariance, HeadwiseRMSNorm, MaskToSelf, ScaleNorm
 from .sublayer import SubtractPositionEmbedding, ZeroSublayer
 
-__all__ = ["Intervention", "Compose", "intervene", "as_hooks", "OddActivation", "MeanCenterMLP", "SwapActivation", "ACTIVATION_FUNCTIONS", "SelfOnlyAttention", "UniformAttention", "ZeroSublayer", "SubtractPositionEmbedding"]
+__all__ = ["Intervention", "Compose", "intervene", "as_hooks", "OddActivation", "MeanCenterMLP", "SwapActivation", "ACTIVATION_FUNCTIONS", "SelfOnlyAttention", "UniformAttention", "ZeroSublayer", "SubtractPositionEmbedding", "MaskToSelf", "AmplifyVariance", "ScaleNorm", "HeadwiseRMSNorm"]

@@ -56,6 +56,10 @@ class Intervention:
         """The ``(hook_name, fn)`` pairs that edit one layer."""
         raise NotImplementedError
 
+    def parameters(self, model: Any) -> list[Any]:
+        """Learnable tensors this intervention owns for ``model`` (most own none); ``lens_bias.train`` trains them."""
+        return []
+
     def fwd_hooks(self, model: Any) -> list[FwdHook]:
         """TL forward hooks that apply this intervention to ``model``; fresh closures on every call."""
         hooks = [hook for layer in self.model_layers(model) for hook in self.layer_hooks(model, layer)]
@@ -105,6 +109,9 @@ class Compose(Intervention):
 
     def fwd_hooks(self, model: Any) -> list[FwdHook]:
         return [hook for part in self.parts for hook in part.fwd_hooks(model)]
+
+    def parameters(self, model: Any) -> list[Any]:
+        return [p for part in self.parts for p in part.parameters(model)]
 
     def to_dict(self) -> dict[str, Any]:
         return {"type": "Compose", "parts": [p.to_dict() for p in self.parts]}

@@ -15,6 +15,9 @@ from lens_bias.analyses.ablation import AblationResult, ablate
 from lens_bias.analyses.contraction import Contraction, ContractionResult
 from lens_bias.analyses.decomposition import Decomposition, DecompositionResult
 from lens_bias.analyses.fingerprint import FingerprintSection, FingerprintSummary
+from lens_bias.analyses.positional_variance import PositionalVariance, PositionalVarianceResult
+from lens_bias.analyses.sinks import Sinks, SinksResult
+from lens_bias.analyses.super_neurons import SuperNeurons, SuperNeuronsResult
 from lens_bias.analyses.token_preference import TokenPreference, TokenPreferenceResult
 
 from .adapter import ModelAdapter, ModelInfo
@@ -30,6 +33,9 @@ SECTIONS: dict[str, type[Analysis]] = {
     "contraction": Contraction,
     "decomposition": Decomposition,
     "fingerprint": FingerprintSection,
+    "positional_variance": PositionalVariance,
+    "sinks": Sinks,
+    "super_neurons": SuperNeurons,
 }
 
 
@@ -43,6 +49,9 @@ class BiasReport:
     contraction: ContractionResult | None = None
     decomposition: DecompositionResult | None = None
     fingerprint: FingerprintSummary | None = None
+    positional_variance: PositionalVarianceResult | None = None
+    sinks: SinksResult | None = None
+    super_neurons: SuperNeuronsResult | None = None
     ablations: AblationResult | None = None  # opt-in: analyze(model, ablations=True)
 
     def sections(self) -> dict[str, Result]:
@@ -127,7 +136,8 @@ def analyze(
     """
     adapter = ModelAdapter(model)
     _check_device(adapter, device)
-    names = list(SECTIONS) if sections is None else list(sections)
+    # By default every section the model can have: attention-only models have no MLP units to rank.
+    names = [s for s in SECTIONS if not (s == "super_neurons" and adapter.info.attn_only)] if sections is None else list(sections)
     unknown = [s for s in names if s not in SECTIONS]
     if unknown:
         raise LensBiasError(f"unknown section(s) {unknown}; choose from {list(SECTIONS)}")

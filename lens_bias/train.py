@@ -26,7 +26,7 @@ from .errors import LensBiasError
 from .hooks import Intervention, intervene
 from .models import ModelSpec, random_init
 
-__all__ = ["train", "TrainingRun", "save_checkpoint", "load_checkpoint", "batch_order"]
+__all__ = ["train", "TrainingRun", "save_checkpoint", "load_checkpoint", "batch_order", "evaluate", "with_bos"]
 
 logger = logging.getLogger(__name__)
 
@@ -65,17 +65,26 @@ def _lr(step: int, steps: int, lr: float, warmup: int, schedule: str) -> float:
     return lr * 0.5 * (1 + math.cos(math.pi * progress))
 
 
+def with_bos(blocks: torch.Tensor, bos: int | None) -> torch.Tensor:
+    """``blocks`` with the first token of every block replaced by ``bos`` (unchanged when ``bos`` is None)."""
+    if bos is None:
+        return blocks
+    out = blocks.clone()
+    out[:, 0] = bos
+    return out
+
+
 def _loss(model: Any, blocks: torch.Tensor) -> torch.Tensor:
     logits = model(blocks[:, :-1])
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), blocks[:, 1:].reshape(-1))
 
 
 @torch.no_grad()
-def evaluate(model: Any, blocks: torch.Tensor, batch_size: int = 32, device: Any = None) -> float:
-    """Mean next-token cross-entropy (nats) over ``blocks``."""
+def evaluate(model: Any, blocks: torch.Tensor, batch_size: int = 32, device: Any = None, bos: int | None = None) -> float:
+    """Mean next-token cross-entropy (nats) over ``blocks`` (first tokens replaced by ``bos`` when given)."""
     total, count = 0.0, 0
     for start in range(0, len(blocks), batch_size):
-        batch = blocks[start : start + batch_size].to(device)
+        batch = with_bos(blocks[start : start + batch_size], bos).to(device)
         total += _loss(model, batch).item() * len(batch)
         count += len(batch)
     return total / count
@@ -98,6 +107,7 @@ def train(
     checkpoint_every: int | None = None,
     checkpoint_dir: Union[str, Path, None] = None,
     interventions: Sequence[Intervention] = (),
+    bos: int | None = None,
     dtype: torch.dtype | None = None,
     progress: bool = True,
 ) -> TrainingRun:
@@ -118,7 +128,10 @@ def train(
         eval_blocks: held-out blocks per evaluation.
         checkpoint_every: save a checkpoint every this many steps (and at step 0) into ``checkpoint_dir``.
         checkpoint_dir: folder for checkpoints.
-        interventions: lens_bias.hooks interventions attached for the whole run.
+        interventions: lens_bias.hooks interventions attached for the whole run; parameters they own (e.g.
+            ``HeadwiseRMSNorm``'s gains) are trained with the model's.
+        bos: a token ID that replaces the first token of every block, so every sequence starts with the same
+            token (GPT-2's <|endoftext|> role); attention sinks form on such a token.
         dtype: autocast dtype on CUDA (e.g. ``torch.bfloat16``); ignored on CPU.
         progress: a progress bar over steps.
 
@@ -138,6 +151,7 @@ def train(
     eval_every = eval_every or max(1, steps // 4)
     device = adapter.device
     params = [p for p in model.parameters() if p.requires_grad]
+    params += [p for iv in interventions for p in iv.parameters(model)]
     groups = [
         {"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
         {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
@@ -164,7 +178,7 @@ def train(
             for group in optimizer.param_groups:
                 group["lr"] = rate
             with autocast:
-                loss = _loss(model, data.train[order[step]].to(device))
+                loss = _loss(model, with_bos(data.train[order[step]], bos).to(device))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, grad_clip)
@@ -173,12 +187,12 @@ def train(
             if (step + 1) % eval_every == 0 or step + 1 == steps:
                 model.eval()
                 with autocast:
-                    evals.append({"step": step + 1, "eval_loss": evaluate(model, held_out, device=device)})
+                    evals.append({"step": step + 1, "eval_loss": evaluate(model, held_out, device=device, bos=bos)})
                 model.train()
             if checkpoint_every and (step + 1) % checkpoint_every == 0:
                 checkpoint(step + 1)
     model.eval()
-    config = dict(steps=steps, batch_size=batch_size, lr=lr, weight_decay=weight_decay, warmup=warmup, schedule=schedule, grad_clip=grad_clip, data_seed=data_seed, corpus=data.corpus_name, seq_len=data.seq_len, interventions=[repr(iv) for iv in interventions])
+    config = dict(steps=steps, batch_size=batch_size, lr=lr, weight_decay=weight_decay, warmup=warmup, schedule=schedule, grad_clip=grad_clip, data_seed=data_seed, corpus=data.corpus_name, seq_len=data.seq_len, bos=bos, interventions=[iv.to_dict() for iv in interventions])
     return TrainingRun(pd.DataFrame(losses), pd.DataFrame(evals), checkpoints, config)
 
 

@@ -1,0 +1,170 @@
+"""Positional variance discrepancy: how the spread of attention outputs across sequences falls with position.
+
+Causal attention at position t averages t + 1 value vectors, the first token's output is a single one. Over
+random sequences the dimension-wise std of the attention output is therefore largest at position 0 and, for
+near-uniform attention over independent values, std_t / std_0 = (t + 1)^-1/2 (t 0-based; "t^-1/2 with t counted
+from 1"). Measured per head before W_O (``attn.hook_z``) and per layer after it (``hook_attn_out``):
+
+    std_t = sqrt(mean over dimensions of Var over sequences of x[:, t, d]),   r_t = std_t / std_0,
+
+and the exponent α of r_t ∝ (t + 1)^-α by least squares on log–log axes (α = 0.5 at init). Moments are summed
+inside the hooks, one row per batch, so memory does not grow with the number of sequences.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Mapping
+
+import pandas as pd
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from lens_bias.adapter import ModelAdapter, Probe
+from lens_bias.analysis import Analysis, Result
+from lens_bias.errors import LensBiasError
+from lens_bias.inputs import InputSpec
+
+__all__ = ["PositionalVariance", "PositionalVarianceResult", "fit_exponent", "profile_spread"]
+
+
+def _moments(x: Tensor) -> Tensor:
+    """[batch, pos, ...] -> [1, 3, pos, ...]: this batch's count, Σx and Σx² over sequences."""
+    x = x.float()
+    return torch.stack([torch.full_like(x[0], x.shape[0]), x.sum(dim=0), x.pow(2).sum(dim=0)])[None]
+
+
+def _moment_probe(hook: str) -> Probe:
+    return Probe(hook, "sequence_moments", _moments)
+
+
+def _std(moments: Tensor) -> Tensor:
+    """Summed batch moments [batches, 3, pos, ..., d] -> std over sequences pooled over the last axis [pos, ...]."""
+    count, total, squares = moments.sum(dim=0)
+    mean = total / count
+    var = (squares / count - mean.pow(2)) * count / (count - 1)  # unbiased over sequences
+    return var.clamp_min(0).mean(dim=-1).sqrt()
+
+
+def fit_exponent(std: Float[Tensor, "... pos"], max_position: int | None = None) -> Float[Tensor, "..."]:
+    """α of std_t ∝ (t + 1)^-α, least squares of log std_t on log(t + 1) over positions 0..max_position.
+
+    >>> t = torch.arange(64.0)
+    >>> round(fit_exponent((t + 1) ** -0.5).item(), 6)
+    0.5
+
+    Args:
+        std: per-position stds, position last.
+        max_position: last position used in the fit (default: all).
+
+    Returns:
+        α for every leading index.
+    """
+    std = std[..., : None if max_position is None else max_position + 1]
+    x = torch.log(torch.arange(1, std.shape[-1] + 1, dtype=torch.float64))
+    y = torch.log(std.double())
+    x = x - x.mean()
+    slope = ((y - y.mean(dim=-1, keepdim=True)) * x).sum(dim=-1) / x.pow(2).sum()
+    return (-slope).float()
+
+
+@dataclass
+class PositionalVarianceResult(Result):
+    """Per-position std across sequences of each head's output (before W_O) and each layer's (after W_O)."""
+
+    std_z: Float[Tensor, "layer head pos"]  # before W_O, pooled over d_head
+    std_out: Float[Tensor, "layer pos"]  # after W_O, pooled over d_model
+    n: int
+
+    @property
+    def r_z(self) -> Float[Tensor, "layer head pos"]:
+        return self.std_z / self.std_z[..., :1]
+
+    @property
+    def r_out(self) -> Float[Tensor, "layer pos"]:
+        return self.std_out / self.std_out[..., :1]
+
+    def alpha_z(self, max_position: int = 64) -> Float[Tensor, "layer head"]:
+        return fit_exponent(self.std_z, max_position)
+
+    def alpha_out(self, max_position: int = 64) -> Float[Tensor, "layer"]:
+        return fit_exponent(self.std_out, max_position)
+
+    def law_deviation(self, max_position: int = 64) -> Float[Tensor, "layer"]:
+        """max over t ≤ max_position of |r_t·√(t+1) − 1| for each layer's output (0 for an exact (t+1)^-1/2 law)."""
+        r = self.r_out[:, : max_position + 1]
+        return (r * torch.arange(1, r.shape[1] + 1).sqrt() - 1).abs().max(dim=1).values
+
+    def to_pandas(self) -> pd.DataFrame:
+        """One row per (layer, position): r_t after W_O, r_t·√(t+1), and the heads' r_t before W_O."""
+        n_layers, n_heads, n_pos = self.std_z.shape
+        r_z, r_out = self.r_z, self.r_out
+        rows = []
+        for layer in range(n_layers):
+            for t in range(n_pos):
+                row = {"layer": layer, "position": t, "std_out": self.std_out[layer, t].item(), "r_out": r_out[layer, t].item(),
+                       "r_out_sqrt_t": r_out[layer, t].item() * (t + 1) ** 0.5}
+                row.update({f"r_z_head{h}": r_z[layer, h, t].item() for h in range(n_heads)})
+                rows.append(row)
+        return pd.DataFrame(rows)
+
+    def headline(self) -> dict[str, Any]:
+        return {
+            "alpha_out": self.alpha_out().tolist(),
+            "alpha_z_mean": self.alpha_z().mean(dim=1).tolist(),
+            "law_deviation_layer0": self.law_deviation()[0].item(),
+            "r_out_last": self.r_out[:, -1].tolist(),
+        }
+
+    def summary(self) -> str:
+        t = self.std_out.shape[1]
+        rows = "\n".join(
+            f"  layer {layer}: α after W_O {a:.3f}, heads before W_O {z.min():.3f}…{z.max():.3f}; r_{t - 1} = {r:.3f} "
+            f"(t^-1/2 law: {t ** -0.5:.3f}), max |r_t·√(t+1) − 1| {d:.3f}"
+            for layer, (a, z, r, d) in enumerate(zip(self.alpha_out().tolist(), self.alpha_z(), self.r_out[:, -1].tolist(), self.law_deviation().tolist()))
+        )
+        return (
+            f"positional variance (std across {self.n} sequences at each position, r_t = std_t / std_0, fitted "
+            f"r_t ∝ (t+1)^-α; causal averaging at init gives α = 0.5):\n{rows}"
+        )
+
+
+def profile_spread(*results: PositionalVarianceResult) -> float:
+    """Largest relative difference of r_t (after W_O, every layer and position) between results, e.g. two seeds.
+
+    Args:
+        *results: at least two results over the same layers and positions.
+
+    Returns:
+        max |r_a − r_b| / r_b over pairs, layers and positions.
+    """
+    if len(results) < 2:
+        raise LensBiasError("profile_spread compares at least two results (e.g. the same architecture at two seeds)")
+    shapes = {tuple(r.std_out.shape) for r in results}
+    if len(shapes) > 1:
+        raise LensBiasError(f"results have different (layer, position) shapes {sorted(shapes)}: use the same model shape and seq_len")
+    r = torch.stack([res.r_out for res in results])
+    return float(((r[:, None] - r[None]).abs() / r[None]).max())
+
+
+@dataclass(frozen=True)
+class PositionalVariance(Analysis):
+    """Std across sequences at every position of every head's output (``attn.hook_z``) and layer's (``hook_attn_out``)."""
+
+    name: ClassVar[str] = "positional_variance"
+
+    def _hooks(self, adapter: ModelAdapter) -> tuple[list[str], list[str]]:
+        layers = range(adapter.info.n_layers)
+        return [f"blocks.{layer}.attn.hook_z" for layer in layers], [f"blocks.{layer}.hook_attn_out" for layer in layers]
+
+    def probes(self, adapter: ModelAdapter) -> list[Probe]:
+        z_hooks, out_hooks = self._hooks(adapter)
+        return [_moment_probe(h) for h in z_hooks + out_hooks]
+
+    def finalize(self, adapter: ModelAdapter, kept: Mapping[str, Tensor], spec: InputSpec) -> PositionalVarianceResult:
+        z_hooks, out_hooks = self._hooks(adapter)
+        # hook_z moments are [batches, 3, pos, head, d_head]: pool over d_head, then put heads first.
+        std_z = torch.stack([_std(kept[_moment_probe(h).key]).T for h in z_hooks])
+        std_out = torch.stack([_std(kept[_moment_probe(h).key]) for h in out_hooks])
+        return PositionalVarianceResult(std_z=std_z, std_out=std_out, n=spec.n)

@@ -1,0 +1,173 @@
+"""Attention sinks: the sink metric of Gu et al. for every key position, the first token's attention share and
+its residual norm.
+
+Per head, the importance of key position k (0-based) is the mean attention it receives from the queries that
+can see it, α_k = (1/(T − k)) Σ_{t ≥ k} A[t, k], diagonal included; Sink_k^ε is the percentage of
+(sequence, layer, head) triples with α_k > ε (strict; default ε = 0.3, Gu et al.'s threshold). α is computed
+inside the ``hook_pattern`` hook (a reduction over queries), so no [N, L, H, T, T] pattern is ever held.
+Sink_k falls with T: compare rates at the same sequence length.
+
+The first token's residual norm is ‖h_0‖ divided by the median ‖h_t‖ over the other positions of the same
+sequence, after every block (≈ 1 without a sink; a trained sink token stands out by a large factor).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Mapping
+
+import pandas as pd
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from lens_bias.adapter import ModelAdapter, Probe
+from lens_bias.analysis import Analysis, Result
+from lens_bias.errors import LensBiasError
+from lens_bias.inputs import InputSpec
+
+__all__ = ["Sinks", "SinksResult", "sink_rate", "key_importance"]
+
+DEFAULT_EPS = 0.3
+
+
+def _check_eps(eps: float) -> None:
+    if not 0 <= eps < 1:
+        raise LensBiasError(f"eps is a threshold on mean attention, in [0, 1): got {eps}")
+
+
+def key_importance(patterns: Float[Tensor, "... query key"]) -> Float[Tensor, "... key"]:
+    """α_k: mean attention to key k over the queries t ≥ k (post-softmax patterns, causal part only).
+
+    >>> key_importance(torch.tensor([[1.0, 0.0], [0.5, 0.5]]))
+    tensor([0.7500, 0.5000])
+
+    Args:
+        patterns: post-softmax attention ``[..., T, T]`` (query, key).
+
+    Returns:
+        ``[..., T]``: α for every key position.
+    """
+    if patterns.ndim < 2 or patterns.shape[-1] != patterns.shape[-2]:
+        raise LensBiasError(f"patterns must end in [query, key] with query == key, got shape {tuple(patterns.shape)}")
+    t = patterns.shape[-1]
+    seen_by = torch.arange(t, 0, -1, device=patterns.device, dtype=torch.float32)  # T − k queries see key k
+    return patterns.float().tril().sum(dim=-2) / seen_by
+
+
+def sink_rate(patterns: Float[Tensor, "n layer head query key"], eps: float = DEFAULT_EPS) -> Float[Tensor, "key"]:
+    """Sink_k^ε in percent for every key position: the share of (sequence, layer, head) with α_k > ε.
+
+    >>> A = torch.tensor([[1.0, 0.0, 0.0], [0.9, 0.1, 0.0], [0.8, 0.1, 0.1]])  # one head sinking on token 0
+    >>> sink_rate(A[None, None, None], eps=0.3)
+    tensor([100.,   0.,   0.])
+
+    Args:
+        patterns: post-softmax attention ``[N, L, H, T, T]``.
+        eps: threshold on α (strict ``>``).
+
+    Returns:
+        ``[T]`` rates in percent.
+    """
+    _check_eps(eps)
+    if patterns.ndim != 5:
+        raise LensBiasError(f"sink_rate takes patterns [N, L, H, T, T], got shape {tuple(patterns.shape)}")
+    return rate_from_importance(key_importance(patterns), eps)
+
+
+def rate_from_importance(alpha: Float[Tensor, "... key"], eps: float = DEFAULT_EPS) -> Float[Tensor, "key"]:
+    """Sink_k^ε in percent from α ``[..., T]``, averaging over every leading axis."""
+    _check_eps(eps)
+    return (alpha > eps).float().reshape(-1, alpha.shape[-1]).mean(dim=0) * 100
+
+
+def _importance_probe(hook: str) -> Probe:
+    return Probe(hook, "key_importance", key_importance)  # [batch, head, T, T] -> [batch, head, T]
+
+
+def _first_token_norm_ratio(resid: Float[Tensor, "batch pos d"]) -> Float[Tensor, "batch"]:
+    norms = resid.float().norm(dim=-1)
+    return norms[:, 0] / norms[:, 1:].median(dim=1).values
+
+
+@dataclass
+class SinksResult(Result):
+    """α for every (sequence, layer, head, key position), the sink rates and the first token's residual norm."""
+
+    alpha: Float[Tensor, "n layer head key"]
+    norm_ratio: Float[Tensor, "layer"]  # mean over sequences of ‖h_0‖ / median_t≥1 ‖h_t‖ after each block
+    eps: float
+
+    def rate(self, eps: float | None = None) -> Float[Tensor, "key"]:
+        """Sink_k^ε in percent for every key position (``eps`` defaults to the analysis' threshold)."""
+        return rate_from_importance(self.alpha, self.eps if eps is None else eps)
+
+    def rate_by_head(self, position: int = 0, eps: float | None = None) -> Float[Tensor, "layer head"]:
+        """Sink rate of one key position per (layer, head), in percent over sequences."""
+        return ((self.alpha[..., position] > (self.eps if eps is None else eps)).float().mean(dim=0)) * 100
+
+    def share(self, position: int = 0) -> Float[Tensor, "layer head"]:
+        """Mean α of one key position per (layer, head); for position 0 the first token's attention share."""
+        return self.alpha[..., position].mean(dim=0)
+
+    def to_pandas(self) -> pd.DataFrame:
+        n_layers, n_heads = self.alpha.shape[1:3]
+        rate, share = self.rate_by_head(0), self.share(0)
+        return pd.DataFrame(
+            [
+                {"layer": layer, "head": head, "sink_rate_0": rate[layer, head].item(), "first_token_share": share[layer, head].item(),
+                 "norm_ratio_0": self.norm_ratio[layer].item()}
+                for layer in range(n_layers)
+                for head in range(n_heads)
+            ]
+        )
+
+    def headline(self) -> dict[str, Any]:
+        rate = self.rate()
+        later = rate[1:]
+        return {
+            "eps": self.eps,
+            "sink_rate_0": rate[0].item(),
+            "max_sink_rate_later": later.max().item() if len(later) else 0.0,
+            "argmax_later": int(later.argmax()) + 1 if len(later) else None,
+            "first_token_share": self.share(0).mean().item(),
+            # α_0 under uniform causal attention: (1/T) Σ_t 1/(t+1), the no-sink reference for the share.
+            "uniform_share": sum(1 / (t + 1) for t in range(self.alpha.shape[-1])) / self.alpha.shape[-1],
+            "norm_ratio_0_max": self.norm_ratio.max().item(),
+        }
+
+    def summary(self) -> str:
+        h = self.headline()
+        per_layer = self.rate_by_head(0).mean(dim=1).tolist()
+        layers = ", ".join(f"{r:.0f}%" for r in per_layer)
+        norms = ", ".join(f"{r:.2f}" for r in self.norm_ratio.tolist())
+        return (
+            f"attention sinks (Sink_k = % of (sequence, layer, head) with mean attention to key k > {self.eps}):\n"
+            f"  Sink_0 = {h['sink_rate_0']:.1f}% (per layer {layers}); largest later Sink_k = {h['max_sink_rate_later']:.1f}% "
+            f"at k = {h['argmax_later']}\n"
+            f"  first-token attention share {h['first_token_share']:.3f}; first-token residual norm / median token per "
+            f"layer: {norms}"
+        )
+
+
+@dataclass(frozen=True)
+class Sinks(Analysis):
+    """Sink metric for every key position, per layer and head, and the first token's residual norm ratio."""
+
+    name: ClassVar[str] = "sinks"
+    eps: float = DEFAULT_EPS
+
+    def __post_init__(self) -> None:
+        _check_eps(self.eps)
+
+    def probes(self, adapter: ModelAdapter) -> list[Probe]:
+        n_layers = adapter.info.n_layers
+        return [_importance_probe(f"blocks.{layer}.attn.hook_pattern") for layer in range(n_layers)] + [
+            Probe(f"blocks.{layer}.hook_resid_post", "first_token_norm_ratio", _first_token_norm_ratio) for layer in range(n_layers)
+        ]
+
+    def finalize(self, adapter: ModelAdapter, kept: Mapping[str, Tensor], spec: InputSpec) -> SinksResult:
+        n_layers = adapter.info.n_layers
+        alpha = torch.stack([kept[_importance_probe(f"blocks.{layer}.attn.hook_pattern").key] for layer in range(n_layers)], dim=1)
+        ratios = torch.stack([kept[f"blocks.{layer}.hook_resid_post:first_token_norm_ratio"].mean() for layer in range(n_layers)])
+        return SinksResult(alpha=alpha, norm_ratio=ratios, eps=self.eps)

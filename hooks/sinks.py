@@ -1,0 +1,192 @@
+"""Interventions of the attention-sink experiments (Li et al., "The Structural Origin of Attention Sink").
+
+Positions are 0-based, as in TransformerLens tensors: the first token is position 0.
+
+- MaskToSelf(position=k): token k attends only to itself, at ``hook_pattern`` (row k becomes one-hot). It keeps
+  the first token's privilege — one value vector, not an average — and so its high variance.
+- AmplifyVariance(position=k, factor=λ): o_k ← λ(o_k − μ) + μ at ``hook_attn_out``, μ the batch mean at
+  position k. Spreads token k's attention output across sequences like the first token's.
+- ScaleNorm(position=k, factor=λ): o_k ← λ·o_k, the control: a larger norm but the same *relative* spread.
+- HeadwiseRMSNorm(gain=True): RMS-normalise every head's aggregated output at ``attn.hook_z`` (before W_O), so
+  every position's per-head output has the same scale whatever the number of values it averaged.
+
+All four hook points are live edit points on TL 3 and on TL 4 bridges (native and HF-built; ``hook_z`` is the
+input of the output projection there): tests check each edit against a direct computation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lens_bias.adapter import FwdHook
+from lens_bias.errors import LensBiasError
+
+from .base import Intervention
+
+__all__ = ["MaskToSelf", "AmplifyVariance", "ScaleNorm", "HeadwiseRMSNorm"]
+
+
+def _check_position(position: Any, owner: str) -> None:
+    if isinstance(position, bool) or not isinstance(position, int) or position < 0:
+        raise LensBiasError(f"{owner}: position must be a non-negative int (0 = first token), got {position!r}")
+
+
+def _check_in_sequence(position: int, seq_len: int, owner: str) -> None:
+    if position >= seq_len:
+        raise LensBiasError(f"{owner}(position={position}) on sequences of {seq_len} tokens: use position < {seq_len}")
+
+
+@dataclass(frozen=True)
+class MaskToSelf(Intervention):
+    """Token ``position`` attends only to itself (its attention row becomes one-hot on the diagonal).
+
+    >>> MaskToSelf(position=10).to_dict()
+    {'type': 'MaskToSelf', 'layers': None, 'position': 10}
+    """
+
+    position: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_position(self.position, "MaskToSelf")
+
+    def layer_hooks(self, model: Any, layer: int) -> list[FwdHook]:
+        k = self.position
+
+        def hook_fn(pattern: Tensor, hook: Any) -> Tensor:  # [batch, head, query, key]
+            _check_in_sequence(k, pattern.shape[-2], "MaskToSelf")
+            pattern = pattern.clone()
+            pattern[..., k, :] = 0
+            pattern[..., k, k] = 1
+            return pattern
+
+        return [(f"blocks.{layer}.attn.hook_pattern", hook_fn)]
+
+
+@dataclass(frozen=True)
+class AmplifyVariance(Intervention):
+    """Mean-centred amplification of token ``position``'s attention output: λ(o_k − μ) + μ, μ the batch mean.
+
+    Needs batches of at least 2 sequences (μ is taken over the batch).
+
+    >>> AmplifyVariance(position=10, factor=4.0, layers=[1]).to_dict()
+    {'type': 'AmplifyVariance', 'layers': [1], 'position': 10, 'factor': 4.0}
+    """
+
+    position: int = 0
+    factor: float = 4.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_position(self.position, "AmplifyVariance")
+
+    def layer_hooks(self, model: Any, layer: int) -> list[FwdHook]:
+        k, factor = self.position, float(self.factor)
+
+        def hook_fn(out: Tensor, hook: Any) -> Tensor:  # [batch, pos, d_model]
+            _check_in_sequence(k, out.shape[1], "AmplifyVariance")
+            if out.shape[0] < 2:
+                raise LensBiasError("AmplifyVariance centres on the batch mean: run batches of at least 2 sequences")
+            out = out.clone()
+            mean = out[:, k].mean(dim=0, keepdim=True)
+            out[:, k] = factor * (out[:, k] - mean) + mean
+            return out
+
+        return [(f"blocks.{layer}.hook_attn_out", hook_fn)]
+
+
+@dataclass(frozen=True)
+class ScaleNorm(Intervention):
+    """Plain scaling of token ``position``'s attention output, λ·o_k: the control for :class:`AmplifyVariance`.
+
+    >>> ScaleNorm(position=10, factor=4.0).to_dict()
+    {'type': 'ScaleNorm', 'layers': None, 'position': 10, 'factor': 4.0}
+    """
+
+    position: int = 0
+    factor: float = 4.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_position(self.position, "ScaleNorm")
+
+    def layer_hooks(self, model: Any, layer: int) -> list[FwdHook]:
+        k, factor = self.position, float(self.factor)
+
+        def hook_fn(out: Tensor, hook: Any) -> Tensor:  # [batch, pos, d_model]
+            _check_in_sequence(k, out.shape[1], "ScaleNorm")
+            out = out.clone()
+            out[:, k] = factor * out[:, k]
+            return out
+
+        return [(f"blocks.{layer}.hook_attn_out", hook_fn)]
+
+
+@dataclass(frozen=True)
+class HeadwiseRMSNorm(Intervention):
+    """RMS-normalise each head's aggregated output z (per head, over d_head, before W_O), times a gain.
+
+    With ``gain=True`` every (layer, head) owns a gain vector over d_head, initialised to 1 and created for the
+    model the first time the hooks (or :meth:`parameters`) are made; ``lens_bias.train`` trains it with the
+    model, and ``to_dict`` carries its values.
+
+    >>> import lens_bias
+    >>> m = lens_bias.random_init("gpt2", d_model=64, n_layers=2, n_heads=4, d_vocab=100, n_ctx=16)
+    >>> norm = HeadwiseRMSNorm()
+    >>> [tuple(p.shape) for p in norm.parameters(m)]
+    [(2, 4, 16)]
+    """
+
+    gain: bool = True
+    eps: float = 1e-6
+    # [n_layers, n_heads, d_head] learnable gains, made on first use; not part of equality.
+    weight: Any = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.eps > 0:
+            raise LensBiasError(f"HeadwiseRMSNorm: eps must be > 0, got {self.eps}")
+        if self.weight is not None:
+            if not self.gain:
+                raise LensBiasError("HeadwiseRMSNorm(gain=False) holds no weight")
+            weight = self.weight if isinstance(self.weight, Tensor) else torch.tensor(self.weight, dtype=torch.float32)
+            object.__setattr__(self, "weight", torch.nn.Parameter(weight.detach().clone()))
+
+    def _bind(self, model: Any) -> Tensor | None:
+        if not self.gain:
+            return None
+        cfg = model.cfg
+        shape = (int(cfg.n_layers), int(cfg.n_heads), int(getattr(cfg, "d_head", 0) or cfg.d_model // cfg.n_heads))
+        param = next(model.parameters())
+        if self.weight is None:
+            object.__setattr__(self, "weight", torch.nn.Parameter(torch.ones(shape, device=param.device)))
+        elif tuple(self.weight.shape) != shape:
+            raise LensBiasError(
+                f"HeadwiseRMSNorm holds gains of shape {tuple(self.weight.shape)} but the model needs {shape} "
+                "(n_layers, n_heads, d_head): make a new HeadwiseRMSNorm() for this model"
+            )
+        elif self.weight.device != param.device:
+            self.weight.data = self.weight.data.to(param.device)
+        return self.weight
+
+    def parameters(self, model: Any) -> list[torch.nn.Parameter]:
+        weight = self._bind(model)
+        return [] if weight is None else [weight]
+
+    def layer_hooks(self, model: Any, layer: int) -> list[FwdHook]:
+        weight, eps = self._bind(model), float(self.eps)
+
+        def hook_fn(z: Tensor, hook: Any) -> Tensor:  # [batch, pos, head, d_head]
+            normed = z * torch.rsqrt(z.float().pow(2).mean(dim=-1, keepdim=True) + eps).to(z.dtype)
+            return normed if weight is None else normed * weight[layer].to(z.dtype)
+
+        return [(f"blocks.{layer}.attn.hook_z", hook_fn)]
+
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict()
+        out["weight"] = None if self.weight is None else self.weight.detach().cpu().tolist()
+        return out
