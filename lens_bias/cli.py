@@ -114,6 +114,19 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--inputs", nargs="+", choices=["tokens", "embeddings"], default=["tokens"], help="fingerprint input kinds")
     e.add_argument("--out", default=None, help="write tables.csv, tables.md, curve.csv, training.csv here")
     e.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    s = sub.add_parser(
+        "sinks",
+        help="the attention-sink experiments: positional variance at init, a trained sink, moving it, head-wise RMSNorm",
+        description="Measure r_t at init, train a small LLaMA-style model on stdlib prose with a fixed first token, move "
+        "its sink with MaskToSelf / AmplifyVariance (ScaleNorm as the control), and train it again with head-wise "
+        "RMSNorm. Prints every table and which claims held.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    s.add_argument("--preset", choices=["tiny", "default", "sink-model"], default="default", help="sizes (tiny ≈ 1 min, default ≤ 20 min on 2 CPU cores, sink-model: the shipped model's recipe)")
+    s.add_argument("--tiny", action="store_true", help="shorthand for --preset tiny")
+    s.add_argument("--trained", default=None, help="a sink-model checkpoint ('shipped' for the one in the package) instead of training one")
+    s.add_argument("--out", default=None, help="write the tables (CSV), summary.md and trained checkpoints here")
+    s.add_argument("--no-progress", action="store_true", help="hide progress bars")
     return parser
 
 
@@ -198,6 +211,14 @@ def _persistence(args: argparse.Namespace) -> str:
     return summary(result)
 
 
+def _sinks(args: argparse.Namespace) -> str:
+    from .sink_experiment import SINK_MODEL_PATH, run_sink_experiment, summary
+
+    trained = SINK_MODEL_PATH if args.trained == "shipped" else args.trained
+    result = run_sink_experiment("tiny" if args.tiny else args.preset, trained=trained, out=args.out, progress=not args.no_progress)
+    return summary(result)
+
+
 def _show_warning(message: Warning | str, category: type[Warning], *args: object, **kwargs: object) -> None:
     """Library warnings as one line on stderr, without the source excerpt Python adds."""
     print(f"warning: {message}", file=sys.stderr)
@@ -207,7 +228,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``lens-bias`` and ``python -m lens_bias``; returns the exit code."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
-    commands = {"analyze": _analyze, "fingerprint": _fingerprint, "seedprint": _seedprint, "persistence": _persistence}
+    commands = {"analyze": _analyze, "fingerprint": _fingerprint, "seedprint": _seedprint, "persistence": _persistence, "sinks": _sinks}
     shown, warnings.showwarning = warnings.showwarning, _show_warning
     try:
         print(commands[args.command](args))

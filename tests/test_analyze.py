@@ -53,7 +53,7 @@ def test_sections_and_embedding_inputs():
         (dict(seq_len=1), LensBiasError, "seq_len >= 2"),
         (dict(inputs="words"), LensBiasError, "'tokens', 'embeddings'"),
         (dict(inputs=torch.full((3, 4), 500)), LensBiasError, "d_vocab=97"),
-        (dict(sections=["sinks"]), LensBiasError, "unknown section"),
+        (dict(sections=["sink"]), LensBiasError, "unknown section"),
         (dict(device="meta"), LensBiasError, "never moves your model"),
         (dict(batch_size=0), LensBiasError, "batch_size"),
     ],

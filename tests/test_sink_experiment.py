@@ -1,0 +1,89 @@
+"""The sink experiments' --tiny run end to end (through the CLI), and the shipped sink model."""
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+from lens_bias import LensBiasError
+from lens_bias.cli import main
+from lens_bias.sink_experiment import PRESETS, SINK_MODEL_PATH, SinkConfig, SinkExperimentResult, checks, run_sink_experiment, sink_model
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sinks")
+    assert main(["sinks", "--tiny", "--no-progress", "--out", str(out)]) == 0
+    return out
+
+
+def test_tiny_run_writes_every_table_and_a_loadable_model(tiny_run):
+    for name in ("init_variance", "sinks_by_layer", "interventions", "super_neurons", "rmsnorm", "loss_curves", "training"):
+        assert len(pd.read_csv(tiny_run / f"{name}.csv")) > 0, name
+    assert SinkConfig.from_dict(json.loads((tiny_run / "config.json").read_text())) == PRESETS["tiny"]
+    model, cfg = sink_model(tiny_run / "sink_model.pt")
+    assert cfg == PRESETS["tiny"] and model.cfg.d_model == cfg.d_model
+    training = pd.read_csv(tiny_run / "training.csv")
+    assert (training.eval_loss < training.unigram_entropy).all(), "the tiny models must learn something"
+
+
+def test_tiny_run_measures_the_claims(tiny_run):
+    init = pd.read_csv(tiny_run / "init_variance.csv").set_index("condition")
+    k = PRESETS["tiny"].position
+    # 256 sequences × 64 dims: sd of each r_t ≈ 1/√(2·256·64) ≈ 0.6%, so the law holds within 5% at layer 0
+    law = init[init.index.str.contains("seed") & init.index.str.startswith(("softmax, seed", "uniform, seed"))]
+    assert len(law) == 4 and (law.max_dev_sqrt_law < 0.05).all() and ((law.alpha_layer0 - 0.5).abs() < 0.02).all()
+    assert abs(init.filter(like="MaskToSelf", axis=0)[f"r_{k}"].iloc[0] - 1) < 0.05
+    assert abs(init.filter(like="HeadwiseRMSNorm", axis=0).alpha_layer0.iloc[0]) < 0.05
+    assert init.filter(like="init std 0.2", axis=0).alpha_layer0.iloc[0] < 0.45, "sharper attention departs from the law"
+
+    by_layer = pd.read_csv(tiny_run / "sinks_by_layer.csv")
+    assert by_layer.trained_share0.mean() > by_layer.init_share0.mean()
+    moved = pd.read_csv(tiny_run / "interventions.csv").set_index("condition")
+    assert moved.loc[f"MaskToSelf({k})", "diff_in_se"] > 3, "MaskToSelf(k) must raise α_k on the trained model"
+    rms = pd.read_csv(tiny_run / "rmsnorm.csv").set_index("model")
+    assert abs(rms.loc["HeadwiseRMSNorm", "alpha_out_mean"]) < abs(rms.loc["baseline", "alpha_out_mean"])
+
+
+def test_checks_follow_the_tables(tiny_run):
+    cfg = PRESETS["tiny"]
+    result = SinkExperimentResult(
+        config=cfg, init_variance=pd.read_csv(tiny_run / "init_variance.csv"), sinks_by_layer=pd.read_csv(tiny_run / "sinks_by_layer.csv"),
+        interventions=pd.read_csv(tiny_run / "interventions.csv"), super_neurons=pd.read_csv(tiny_run / "super_neurons.csv"),
+        rmsnorm=pd.read_csv(tiny_run / "rmsnorm.csv"), loss_curves=pd.read_csv(tiny_run / "loss_curves.csv"),
+        training=pd.read_csv(tiny_run / "training.csv"), extras={"share0_diff_in_se": 5.0},
+    )
+    claims = checks(result)
+    assert claims[f"trained: MaskToSelf({cfg.position}) raises α_{cfg.position} by > 3 SE"]
+    result.extras["share0_diff_in_se"] = 1.0
+    assert not checks(result)["trained: first-token attention share above init (> 3 SE)"]
+
+
+def test_unknown_preset_and_missing_model(tmp_path):
+    with pytest.raises(LensBiasError, match="unknown preset"):
+        run_sink_experiment("huge")
+    with pytest.raises(LensBiasError, match="lens-bias sinks --preset sink-model"):
+        sink_model(tmp_path / "nope.pt")
+
+
+@pytest.mark.skipif(not SINK_MODEL_PATH.exists(), reason="the shipped sink model is not in this checkout")
+def test_shipped_sink_model_has_a_first_token_sink_and_mask_to_self_moves_it():
+    from lens_bias.analyses.sinks import Sinks
+    from lens_bias.data import TokenData, prose
+    from lens_bias.hooks import MaskToSelf
+    from lens_bias.sink_experiment import _run, eval_tokens, random_init
+
+    model, cfg = sink_model()
+    data = TokenData.build(prose(), vocab_size=cfg.vocab, seq_len=cfg.seq_len)
+    tokens = eval_tokens(data, cfg.n_eval)
+    trained = _run(model, tokens, [Sinks(eps=cfg.eps)])["sinks"]
+    init = _run(random_init(cfg.model_spec()), tokens, [Sinks(eps=cfg.eps)])["sinks"]
+    share = trained.alpha[..., 0].mean(dim=(1, 2)) - init.alpha[..., 0].mean(dim=(1, 2))
+    assert share.mean() > 3 * share.std() / len(share) ** 0.5
+    assert trained.rate(0.1)[0] > init.rate(0.1)[0]
+    k = cfg.position
+    moved = _run(model, tokens, [Sinks(eps=cfg.eps)], [MaskToSelf(position=k)])["sinks"]
+    diff = moved.alpha[..., k].mean(dim=(1, 2)) - trained.alpha[..., k].mean(dim=(1, 2))
+    assert diff.mean() > 3 * diff.std() / len(diff) ** 0.5
+    assert torch.isfinite(trained.alpha).all()
