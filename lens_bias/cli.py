@@ -122,10 +122,11 @@ def build_parser() -> argparse.ArgumentParser:
         "RMSNorm. Prints every table and which claims held.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    s.add_argument("--preset", choices=["tiny", "default", "sink-model"], default="default", help="sizes (tiny ≈ 1 min, default ≤ 20 min on 2 CPU cores, sink-model: the shipped model's recipe)")
+    s.add_argument("--preset", choices=["tiny", "default", "sink-model", "gpu"], default="default", help="sizes (tiny ≈ 30 s, default ≤ 20 min on 2 CPU cores, sink-model: the shipped model's recipe, gpu: a larger model for --device cuda)")
     s.add_argument("--tiny", action="store_true", help="shorthand for --preset tiny")
     s.add_argument("--trained", default=None, help="a sink-model checkpoint ('shipped' for the one in the package) instead of training one")
     s.add_argument("--out", default=None, help="write the tables (CSV), summary.md and trained checkpoints here")
+    s.add_argument("--device", default=None, help="where to train and run, e.g. cuda (bf16 autocast in training)")
     s.add_argument("--no-progress", action="store_true", help="hide progress bars")
     return parser
 
@@ -215,7 +216,7 @@ def _sinks(args: argparse.Namespace) -> str:
     from .sink_experiment import SINK_MODEL_PATH, run_sink_experiment, summary
 
     trained = SINK_MODEL_PATH if args.trained == "shipped" else args.trained
-    result = run_sink_experiment("tiny" if args.tiny else args.preset, trained=trained, out=args.out, progress=not args.no_progress)
+    result = run_sink_experiment("tiny" if args.tiny else args.preset, trained=trained, out=args.out, device=args.device, progress=not args.no_progress)
     return summary(result)
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence, Union
@@ -33,14 +34,14 @@ from .analyses.positional_variance import PositionalVariance, PositionalVariance
 from .analyses.sinks import Sinks, SinksResult
 from .analyses.super_neurons import SuperNeurons
 from .analysis import Analysis, Result, run_analyses
-from .data import TokenData, prose
+from .data import TokenData, code, prose
 from .errors import LensBiasError
 from .hooks import AmplifyVariance, HeadwiseRMSNorm, Intervention, MaskToSelf, ScaleNorm, UniformAttention
 from .inputs import InputSpec, random_tokens
 from .models import ModelSpec, random_init
 from .train import TrainingRun, load_checkpoint, save_checkpoint, train, with_bos
 
-__all__ = ["SinkConfig", "SinkExperimentResult", "PRESETS", "run_sink_experiment", "sink_model", "SINK_MODEL_PATH", "checks", "summary"]
+__all__ = ["SinkConfig", "SinkExperimentResult", "PRESETS", "run_sink_experiment", "sink_model", "SINK_MODEL_PATH", "checks", "summary", "corpus_data", "eval_tokens"]
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +60,8 @@ class SinkConfig:
     # Few, wide heads: sinks formed more readily with d_head 64 than 32 in the recipe search.
     n_heads: int = 2
     vocab: int = 4096  # BPE vocabulary of the prose tokenizer = the model's d_vocab
+    # Training text: "prose" (stdlib docs, ~0.5M tokens at V 4096) or "code" (stdlib source, ~3M tokens, same tokenizer).
+    corpus: str = "prose"
     seq_len: int = 64  # Gu et al. measure at T = 64; Sink_k falls with T, so train and measure at one T
     batch_size: int = 32
     steps: int = 1000
@@ -92,6 +95,8 @@ PRESETS: dict[str, SinkConfig] = {
     "tiny": SinkConfig(d_model=64, n_layers=2, n_heads=1, vocab=1024, seq_len=32, batch_size=16, steps=150, lr=3e-3, position=5, n_eval=64, init_d_model=64, init_sequences=256),
     "default": SinkConfig(),
     "sink-model": SinkConfig(steps=3000, train_rmsnorm=False),
+    # For a GPU (``--device cuda``, bf16 autocast): width, depth and tokens closer to Gu et al.'s 60M model.
+    "gpu": SinkConfig(d_model=512, n_layers=8, n_heads=8, corpus="code", batch_size=128, steps=8000, lr=1e-3, n_eval=100),
 }
 
 
@@ -181,6 +186,14 @@ def init_variance_table(cfg: SinkConfig, seeds: Sequence[int] = (0, 1)) -> pd.Da
     return pd.DataFrame(rows)
 
 
+def corpus_data(cfg: SinkConfig) -> TokenData:
+    """The packed training text of ``cfg`` (the prose tokenizer in both cases, cached after the first call)."""
+    if cfg.corpus not in ("prose", "code"):
+        raise LensBiasError(f"corpus must be 'prose' or 'code', got {cfg.corpus!r}")
+    on_prose = TokenData.build(prose(), vocab_size=cfg.vocab, seq_len=cfg.seq_len)
+    return on_prose if cfg.corpus == "prose" else TokenData.build(code(), seq_len=cfg.seq_len, tokenizer_from=on_prose)
+
+
 def eval_tokens(data: TokenData, n: int) -> Tensor:
     """The first ``n`` held-out sequences, starting with the BOS token like the training sequences."""
     if len(data.eval) < n:
@@ -232,28 +245,40 @@ def _training_row(name: str, run: TrainingRun, data: TokenData, seconds: float) 
             "eval_loss": run.final_eval_loss, "unigram_entropy": data.unigram_entropy(), "seconds": round(seconds, 1)}
 
 
-def train_sink_model(cfg: SinkConfig, data: TokenData, interventions: Sequence[Intervention] = (), progress: bool = True) -> tuple[Any, TrainingRun, float]:
-    """Train ``cfg``'s model on ``data`` with a fixed first token; returns (model, run, seconds)."""
-    import time
+def train_sink_model(
+    cfg: SinkConfig, data: TokenData, interventions: Sequence[Intervention] = (), progress: bool = True, device: Union[str, torch.device, None] = None
+) -> tuple[Any, TrainingRun, float]:
+    """Train ``cfg``'s model on ``data`` with a fixed first token; returns (model, run, seconds).
 
-    model = random_init(cfg.model_spec())
+    On CUDA the forward runs under bf16 autocast (weights and optimizer state stay float32).
+    """
+    model = random_init(cfg.model_spec(), device=device)
+    dtype = torch.bfloat16 if torch.device(device or "cpu").type == "cuda" else None
     start = time.perf_counter()
     run = train(model, data, steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, weight_decay=cfg.weight_decay, data_seed=cfg.data_seed,
-                eval_every=max(1, cfg.steps // 10), bos=BOS, interventions=interventions, progress=progress)
+                eval_every=max(1, cfg.steps // 10), bos=BOS, interventions=interventions, dtype=dtype, progress=progress)
     return model, run, time.perf_counter() - start
 
 
-def sink_model(path: Union[str, Path, None] = None) -> tuple[Any, SinkConfig]:
-    """The shipped trained sink model (or one saved by :func:`run_sink_experiment`) and its config."""
+def sink_model(path: Union[str, Path, None] = None, device: Union[str, torch.device, None] = None) -> tuple[Any, SinkConfig]:
+    """The shipped trained sink model (or one saved by :func:`run_sink_experiment`) and its config.
+
+    >>> model, cfg = sink_model()  # doctest: +SKIP
+    """
     path = Path(path) if path is not None else SINK_MODEL_PATH
     if not path.exists():
         raise LensBiasError(f"no sink model at {path}: train one with `lens-bias sinks --preset sink-model --out DIR`")
     saved = torch.load(path, map_location="cpu", weights_only=True)
-    return load_checkpoint(path), SinkConfig.from_dict(json.loads(saved["sink_config"]))
+    return load_checkpoint(path, device=device), SinkConfig.from_dict(json.loads(saved["sink_config"]))
 
 
 def run_sink_experiment(
-    config: Union[str, SinkConfig] = "default", *, trained: Union[str, Path, None] = None, out: Union[str, Path, None] = None, progress: bool = True
+    config: Union[str, SinkConfig] = "default",
+    *,
+    trained: Union[str, Path, None] = None,
+    out: Union[str, Path, None] = None,
+    device: Union[str, torch.device, None] = None,
+    progress: bool = True,
 ) -> SinkExperimentResult:
     """Run experiments 1-4.
 
@@ -262,6 +287,7 @@ def run_sink_experiment(
         trained: a sink-model checkpoint to use for experiments 2-3 instead of training one (its own config
             replaces ``config``'s model and data settings).
         out: a folder for the tables, the summary and the trained checkpoints.
+        device: where the models train and run (e.g. "cuda": bf16 autocast in training).
         progress: progress bars.
 
     Returns:
@@ -273,16 +299,16 @@ def run_sink_experiment(
     init_table = init_variance_table(cfg)
     training_rows = []
     if trained is not None:
-        model, trained_cfg = sink_model(trained)
+        model, trained_cfg = sink_model(trained, device=device)
         cfg = replace(trained_cfg, train_rmsnorm=cfg.train_rmsnorm, position=cfg.position, factor=cfg.factor, eps=cfg.eps, n_eval=cfg.n_eval)
-        data = TokenData.build(prose(), vocab_size=cfg.vocab, seq_len=cfg.seq_len)
+        data = corpus_data(cfg)
         baseline_run = None
     else:
-        data = TokenData.build(prose(), vocab_size=cfg.vocab, seq_len=cfg.seq_len)
-        model, baseline_run, seconds = train_sink_model(cfg, data, progress=progress)
+        data = corpus_data(cfg)
+        model, baseline_run, seconds = train_sink_model(cfg, data, progress=progress, device=device)
         training_rows.append(_training_row("baseline", baseline_run, data, seconds))
     tokens = eval_tokens(data, cfg.n_eval)
-    init_model = random_init(cfg.model_spec())
+    init_model = random_init(cfg.model_spec(), device=device)
     init_sinks = _run(init_model, tokens, [Sinks(eps=cfg.eps)])["sinks"]
     trained_results = _run(model, tokens, [Sinks(eps=cfg.eps), SuperNeurons(position=0)])
     by_layer = sinks_by_layer(init_sinks, trained_results["sinks"], cfg.eps)  # type: ignore[arg-type]
@@ -294,12 +320,12 @@ def run_sink_experiment(
     rms_rows, curves = [], []
     if cfg.train_rmsnorm:
         if baseline_run is None:  # the shipped checkpoint has no curve to compare with: train the baseline here
-            base_model, baseline_run, seconds = train_sink_model(cfg, data, progress=progress)
+            base_model, baseline_run, seconds = train_sink_model(cfg, data, progress=progress, device=device)
             training_rows.append(_training_row("baseline", baseline_run, data, seconds))
         else:
             base_model = model
         norm = HeadwiseRMSNorm(gain=True)
-        rms_model, rms_run, seconds = train_sink_model(cfg, data, interventions=[norm], progress=progress)
+        rms_model, rms_run, seconds = train_sink_model(cfg, data, interventions=[norm], progress=progress, device=device)
         training_rows.append(_training_row("HeadwiseRMSNorm", rms_run, data, seconds))
         for name, m, ivs, run in (("baseline", base_model, [], baseline_run), ("HeadwiseRMSNorm", rms_model, [norm], rms_run)):
             sinks = _run(m, tokens, [Sinks(eps=cfg.eps)], ivs)["sinks"]

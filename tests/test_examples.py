@@ -65,3 +65,15 @@ def test_persistence_command_writes_files_and_exits_1_on_a_wrong_verdict(tmp_pat
     assert main(["persistence", "--preset", "tiny", "--no-progress"]) == 0
     done = subprocess.run([sys.executable, str(EXAMPLES / "seedprint_persistence.py"), "--help"], capture_output=True, text=True)
     assert done.returncode == 0 and "--tiny" in done.stdout
+
+
+def test_move_the_sink_notebook_runs_top_to_bottom():
+    ns = run_notebook(EXAMPLES / "03_move_the_sink.ipynb")
+    moved = ns["moved"].set_index("condition")
+    assert moved.loc[f"MaskToSelf({ns['sink_config'].position})", "diff_in_se"] > 3
+    assert ns["trained"].sinks.rate(0.1)[0] > ns["fresh"].sinks.rate(0.1)[0]
+
+
+def test_move_the_sink_script_help_lists_the_presets():
+    done = subprocess.run([sys.executable, str(EXAMPLES / "move_the_sink.py"), "--help"], capture_output=True, text=True)
+    assert done.returncode == 0 and all(p in done.stdout for p in ("--tiny", "sink-model", "gpu", "--trained"))

