@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import warnings
 from typing import Sequence
@@ -74,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("model", metavar="MODEL", help="random-init spec, e.g. llama:d=256,L=4,seed=3")
     f.add_argument("-o", "--output", required=True, help="where to save the fingerprint (.pt)")
     f.add_argument("--inputs", choices=["tokens", "embeddings"], default="tokens", help="random token IDs or embeddings")
-    f.add_argument("--n", type=int, default=2000, help="random sequences")
+    f.add_argument("--n", "--sequences", dest="n", type=int, default=2000, help="random sequences (spell it --sequences under torchrun, whose own options --n… would be ambiguous)")
     f.add_argument("--seq-len", type=int, default=1024, help="tokens per sequence")
     f.add_argument("--input-seed", type=int, default=42, help="seed of the random inputs")
     f.add_argument("--vocab", type=int, default=None, help="draw token IDs below this (the smallest vocabulary you compare)")
@@ -82,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--device", default="cpu", help="torch device")
     f.add_argument("--dtype", choices=sorted(_DTYPES), default="float32", help="model dtype")
     f.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    f.add_argument("--distributed", action="store_true", help="under torchrun: shard the inputs across ranks, rank 0 saves")
 
     t = sub.add_parser(
         "seedprint",
@@ -181,11 +183,16 @@ def _analyze(args: argparse.Namespace) -> str:
 
 def _fingerprint(args: argparse.Namespace) -> str:
     spec = parse_model_spec(args.model)
-    model = random_init(spec, device=args.device, dtype=_DTYPES[args.dtype])
+    device = args.device
+    if args.distributed and device == "cuda":  # one GPU per rank
+        device = f"cuda:{os.environ.get('LOCAL_RANK', 0)}"
+    model = random_init(spec, device=device, dtype=_DTYPES[args.dtype])
     fp = seedprint.fingerprint(
         model, inputs=args.inputs, n=args.n, seq_len=args.seq_len, seed=args.input_seed, vocab=args.vocab,
-        batch_size=args.batch_size, progress=not args.no_progress,
+        batch_size=args.batch_size, progress=not args.no_progress, distributed=args.distributed,
     )
+    if fp is None:
+        return f"rank {os.environ.get('RANK')}: shard sent to rank 0"
     fp.save(args.output)
     return f"fingerprint of {args.model}: {fp.n} × {fp.d} features from {args.inputs} -> {args.output}"
 

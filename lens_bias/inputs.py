@@ -6,7 +6,7 @@ by hand: ``analyze(model, seed=s)`` analyses exactly ``random_tokens(n, seq_len,
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Union
 
 import numpy as np
@@ -72,6 +72,8 @@ class RandomEmbeddings:
     mean: float
     std: float
     seed: int = 42
+    # Index of this object's row 0 in the seed's row stream: ``view`` shards without drawing anything.
+    first: int = 0
 
     def __post_init__(self) -> None:
         _check_count("n", self.n, 1)
@@ -93,8 +95,14 @@ class RandomEmbeddings:
         out = [self._row(i) for i in range(*rows.indices(self.n))]
         return torch.stack(out) if out else torch.empty(0, self.seq_len, self.d_model)
 
+    def view(self, start: int, stop: int) -> "RandomEmbeddings":
+        """Rows ``[start, stop)`` as a lazy RandomEmbeddings of their own (the same values as ``self[start:stop]``)."""
+        if not 0 <= start < stop <= self.n:
+            raise LensBiasError(f"view needs 0 <= start < stop <= {self.n}, got [{start}, {stop})")
+        return replace(self, n=stop - start, first=self.first + start)
+
     def _row(self, i: int) -> Float[Tensor, "seq d_model"]:
-        draws = np.random.default_rng([self.seed, i]).standard_normal((self.seq_len, self.d_model), dtype=np.float32)
+        draws = np.random.default_rng([self.seed, self.first + i]).standard_normal((self.seq_len, self.d_model), dtype=np.float32)
         return torch.from_numpy(draws) * self.std + self.mean
 
     def tensor(self) -> Float[Tensor, "n seq d_model"]:

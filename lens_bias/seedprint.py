@@ -136,7 +136,8 @@ def fingerprint(
     device: Union[str, torch.device, None] = None,
     dtype: torch.dtype | None = None,
     progress: bool = True,
-) -> Fingerprint:
+    distributed: bool = False,
+) -> Fingerprint | None:
     """SeedPrint features of ``model``: the final normalized state at the last position of N random inputs.
 
     The forward pass stops after the final norm (the unembedding is never computed) and keeps only the last
@@ -157,9 +158,12 @@ def fingerprint(
         device: run on this device (a copy of the model is moved, not the model itself).
         dtype: run in this dtype (default: the model's, but bfloat16 for float16 models).
         progress: a progress bar over batches.
+        distributed: under ``torchrun --nproc_per_node K``, shard the inputs across the K ranks (whole batches,
+            NCCL on GPUs with each rank on ``cuda:LOCAL_RANK``, gloo on CPU) and gather the features on rank 0 in
+            input order; the result equals the single-process fingerprint.
 
     Returns:
-        A :class:`Fingerprint`.
+        A :class:`Fingerprint` (with ``distributed=True``: on rank 0; the other ranks get ``None``).
     """
     spec = getattr(model, "lens_bias_spec", None)
     adapter = ModelAdapter(model)
@@ -185,9 +189,28 @@ def fingerprint(
         raise TypeError(f"inputs must be 'tokens', 'embeddings', a tensor or RandomEmbeddings, got {type(inputs).__name__}")
     described["digest"] = _digest(data)
 
-    runner = _with_device_dtype(model, device, dtype)
-    features = ModelAdapter(runner).collect(data, [last_position(READOUT)], batch_size=batch_size, progress=progress, desc="fingerprint")
-    features = features[last_position(READOUT).key]
+    probe = last_position(READOUT)
+    if distributed:
+        from . import distributed as dist_util
+
+        dist_util.ensure_process_group()
+        device = device if device is not None else dist_util.local_device()
+        runner = _with_device_dtype(model, device, dtype)
+        batch = batch_size or ModelAdapter(runner).default_batch_size(data.shape[1])
+
+        def extract(start: int, stop: int) -> Tensor:
+            if start == stop:
+                return torch.zeros(0, info.d_model)
+            shard = data.view(start, stop) if isinstance(data, RandomEmbeddings) else data[start:stop]
+            return ModelAdapter(runner).collect(shard, [probe], batch_size=batch, progress=progress, desc="fingerprint")[probe.key]
+
+        gathered = dist_util.run_sharded(extract, data.shape[0], batch)
+        if gathered is None:
+            return None
+        features = gathered
+    else:
+        runner = _with_device_dtype(model, device, dtype)
+        features = ModelAdapter(runner).collect(data, [probe], batch_size=batch_size, progress=progress, desc="fingerprint")[probe.key]
     nan_rows = int(torch.isnan(features).any(dim=1).sum())
     if nan_rows:
         warnings.warn(f"{nan_rows} of {features.shape[0]} feature rows are NaN (overflow?); test() drops them", stacklevel=2)
