@@ -6,8 +6,10 @@ all requested sections share one batched forward pass over the same random input
 
 from __future__ import annotations
 
+import html
 from dataclasses import dataclass, fields
-from typing import Any, Sequence, Union
+from pathlib import Path
+from typing import Any, Mapping, Sequence, Union
 
 import torch
 
@@ -68,6 +70,50 @@ class BiasReport:
                 for name, r in self.sections().items()
             },
         }
+
+    def figures(self) -> dict[str, Any]:
+        """matplotlib figures of the computed sections (needs ``lens-bias[plot]``), by title."""
+        from . import viz
+
+        makers = {
+            "token_preference": ("sorted V·p̄", viz.plot_token_preference),
+            "contraction": ("contraction per layer", viz.plot_contraction),
+            "positional_variance": ("positional variance r_t", viz.plot_positional_variance),
+            "sinks": ("first-token sink per layer and head", viz.plot_sinks),
+            "ablations": ("ablations per layer", viz.plot_contraction),
+        }
+        return {makers[name][0]: makers[name][1](result) for name, result in self.sections().items() if name in makers}
+
+    def views(self) -> dict[str, Any]:
+        """circuitsvis views of the computed sections, by heading."""
+        from . import viz
+
+        out = {}
+        if self.token_preference is not None:
+            out["preferred tokens (log10 V·p̄)"] = viz.preferred_tokens_view(self.token_preference)
+        if self.positional_variance is not None:
+            out["r_t = std_t / std_0 by position, layer 0"] = viz.variance_view(self.positional_variance, 0)
+        return out
+
+    def to_html(self, path: Union[str, Path], *, views: Mapping[str, Any] | None = None, max_rows: int = 40) -> Path:
+        """One page that renders offline: the summary, each section's table, the figures (when matplotlib is
+        installed; PNGs inlined) and the circuitsvis views (``views`` adds your own, e.g. ``viz.attention_view``).
+
+        Returns:
+            The path written.
+        """
+        from . import viz
+
+        parts = [f"<pre>{html.escape(str(self))}</pre>"]
+        for name, result in self.sections().items():
+            table = result.to_pandas()
+            note = f"<p>first {max_rows} of {len(table)} rows</p>" if len(table) > max_rows else ""
+            parts.append(f"<h2>{name}</h2>{note}" + table.head(max_rows).to_html(index=False, float_format=lambda v: f"{v:.4g}"))
+        try:
+            parts += [f"<h2>{html.escape(title)}</h2>{viz.figure_png(fig)}" for title, fig in self.figures().items()]
+        except LensBiasError as err:  # no matplotlib: tables and views only
+            parts.append(f"<p>{html.escape(str(err))}</p>")
+        return viz.save_html({**self.views(), **(views or {})}, path, title="lens_bias report", body="\n".join(parts))
 
     def __str__(self) -> str:
         m, i = self.model, self.inputs

@@ -1,0 +1,93 @@
+"""Views, pages and figures; the saved report renders in headless Chromium with networking disabled."""
+
+import re
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+import lens_bias
+from lens_bias import LensBiasError, viz
+from lens_bias.analyses.sinks import key_importance
+
+from .conftest import tiny
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny("llama", d_vocab=200)
+
+
+@pytest.fixture(scope="module")
+def report(model):
+    return lens_bias.analyze(model, n_sequences=24, seq_len=16, progress=False)
+
+
+def test_attention_view_names_heads_with_the_first_token_share(model):
+    tokens = lens_bias.random_tokens(1, 10, 200, seed=1)[0]
+    view = viz.attention_view(model, tokens, layers=[1], heads=[0, 2])
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens[None])
+    alpha0 = key_importance(cache["blocks.1.attn.hook_pattern"][0])[:, 0]
+    names = re.findall(r'"attentionHeadNames": \[([^\]]*)\]', view.local_src)[0]
+    assert names == f'"L1H0 \\u03b10={alpha0[0]:.2f}", "L1H2 \\u03b10={alpha0[2]:.2f}"'
+    with pytest.raises(LensBiasError, match="one sequence"):
+        viz.attention_view(model, lens_bias.random_tokens(2, 10, 200))
+
+
+def test_token_and_variance_views_carry_the_numbers(report):
+    view = viz.preferred_tokens_view(report.token_preference, top=5)
+    top = report.token_preference.p_bar.topk(5).indices.tolist()
+    assert f'"tokens": {[str(t) for t in top]}'.replace("'", '"') in view.local_src
+    r = report.positional_variance.r_out[0]
+    assert f'"values": [1.0, {r[1].item()}' in viz.variance_view(report.positional_variance).local_src
+
+
+def test_page_inlines_one_bundle_for_many_views(report, tmp_path):
+    views = report.views()
+    assert len(views) == 2
+    path = viz.save_html(views, tmp_path / "v.html", title="two views")
+    text = path.read_text()
+    assert text.count("var CircuitsVis") == 1 and text.count("CircuitsVis.render(") == 2
+    assert "unpkg.com" not in text and "cdn" not in text.lower().split("circuitsvis")[0]
+    with pytest.raises(LensBiasError, match="not a circuitsvis"):
+        viz.page_html({"x": object()})
+
+
+def test_figures_are_matplotlib_figures(report):
+    from matplotlib.figure import Figure
+
+    figures = report.figures()
+    assert set(figures) == {"sorted V·p̄", "contraction per layer", "positional variance r_t", "first-token sink per layer and head"}
+    assert all(isinstance(f, Figure) for f in figures.values())
+    ablation = lens_bias.ablate(tiny("gpt2", act_fn="relu"), n_sequences=8, seq_len=8, progress=False)
+    lines = viz.plot_contraction(ablation).axes[0].get_lines()
+    assert len(lines) == ablation.table.condition.nunique()
+    import pandas as pd
+
+    assert isinstance(viz.plot_lineage(pd.DataFrame({"step": [0, 50], "log10_p": [-300.0, -5.0]})), Figure)
+
+
+def _chromium_offline(args):
+    base = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=8000", *args]
+    if shutil.which("unshare") and subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode == 0:
+        return subprocess.run(["unshare", "-n", *base], capture_output=True, text=True, timeout=120)
+    # no network namespace: send every request to a closed local port instead
+    return subprocess.run([base[0], "--proxy-server=http://127.0.0.1:9", "--proxy-bypass-list=<-loopback>", *base[1:]], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium (.ci/run installs it)")
+def test_report_page_renders_offline_in_chromium(report, model, tmp_path):
+    tokens = lens_bias.random_tokens(1, 10, 200, seed=2)[0]
+    path = report.to_html(tmp_path / "report.html", views={"attention": viz.attention_view(model, tokens, layers=[0])})
+    done = _chromium_offline(["--dump-dom", path.as_uri()])
+    dom = done.stdout
+    ids = re.findall(r'<div id="(circuits-vis-[^"]+)"', path.read_text())
+    assert len(ids) == 3
+    for view_id in ids:  # each view's container now holds elements React drew, not just an empty div
+        assert re.search(rf'<div id="{view_id}"[^>]*><[a-z]', dom), f"view {view_id} did not render"
+    assert dom.count("<img") == 4 and "<table" in dom
+    shot = tmp_path / "report.png"
+    _chromium_offline(["--window-size=1280,2000", f"--screenshot={shot}", path.as_uri()])
+    assert shot.exists() and shot.stat().st_size > 10_000
