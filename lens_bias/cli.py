@@ -8,14 +8,16 @@ import logging
 import os
 import sys
 import warnings
-from typing import Sequence
+from pathlib import Path
+from typing import Any, Sequence
 
 import torch
 
-from . import seedprint
+from . import _tl, seedprint
 from .errors import LensBiasError
 from .models import ACTIVATIONS, ARCHS, POSITIONAL_EMBEDDINGS, ModelSpec, random_init
 from .report import SECTIONS, analyze
+from .train import load_checkpoint
 
 __all__ = ["main", "build_parser", "parse_model_spec"]
 
@@ -62,17 +64,19 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--sections", nargs="+", choices=list(SECTIONS), default=None, help="sections to compute (default: all)")
     r.add_argument("--ablations", action="store_true", help="add the ablation table (one more pass per condition)")
     r.add_argument("--json", action="store_true", help="print the report as JSON instead of text")
+    r.add_argument("--html", default=None, metavar="PATH", help="also write an offline HTML page: tables, figures, circuitsvis views")
     r.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
     f = sub.add_parser(
         "fingerprint",
         help="SeedPrint features of a random-init model, saved to a file",
-        description="Fingerprint a model for the SeedPrint lineage test. MODEL is a random-init spec such as "
-        "'llama:d=256,L=4,seed=3' (keys: d, L, H, V, ctx, act, pos, mlp, seed, init_std, attn_only, or any "
-        "ModelSpec field) or a saved fingerprint to re-check.",
+        description="Fingerprint a model for the SeedPrint lineage test. MODEL is a checkpoint written by "
+        "'lens-bias train' (or lens_bias.train.save_checkpoint), a random-init spec such as 'llama:d=256,L=4,seed=3' "
+        "(keys: d, L, H, V, ctx, act, pos, mlp, seed, init_std, attn_only, or any ModelSpec field), or, online, a "
+        "Hugging Face model name.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    f.add_argument("model", metavar="MODEL", help="random-init spec, e.g. llama:d=256,L=4,seed=3")
+    f.add_argument("model", metavar="MODEL", help="checkpoint.pt, random-init spec (llama:d=256,L=4,seed=3) or hub name")
     f.add_argument("-o", "--output", required=True, help="where to save the fingerprint (.pt)")
     f.add_argument("--inputs", choices=["tokens", "embeddings"], default="tokens", help="random token IDs or embeddings")
     f.add_argument("--n", "--sequences", dest="n", type=int, default=2000, help="random sequences (spell it --sequences under torchrun, whose own options --n… would be ambiguous)")
@@ -130,6 +134,27 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default=None, help="write the tables (CSV), summary.md and trained checkpoints here")
     s.add_argument("--device", default=None, help="where to train and run, e.g. cuda (bf16 autocast in training)")
     s.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    tr = sub.add_parser(
+        "train",
+        help="train a random-init model on an offline corpus (the lens_bias trainer)",
+        description="Train MODEL (a random-init spec, e.g. 'llama:d=128,L=4,H=4,V=4096,ctx=64', or a checkpoint "
+        "to continue) on stdlib prose, stdlib code or your text files, with a BPE tokenizer of the model's "
+        "vocabulary size trained on the prose corpus. Writes checkpoints and training.csv to --out.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    tr.add_argument("model", metavar="MODEL", help="random-init spec or checkpoint.pt")
+    tr.add_argument("--corpus", default="prose", help="'prose', 'code', or text files (comma-separated paths)")
+    tr.add_argument("--out", required=True, help="folder for checkpoints (final.pt, step*.pt) and training.csv")
+    tr.add_argument("--steps", type=int, default=400, help="optimizer steps")
+    tr.add_argument("--batch-size", type=int, default=16, help="sequences per step")
+    tr.add_argument("--seq-len", type=int, default=64, help="tokens per training sequence (at most the model's n_ctx)")
+    tr.add_argument("--lr", type=float, default=3e-4, help="peak learning rate (AdamW, warmup + cosine)")
+    tr.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay on matrices")
+    tr.add_argument("--data-seed", type=int, default=42, help="the only source of the data order")
+    tr.add_argument("--bos", action="store_true", help="start every sequence with <|endoftext|> (a fixed first token)")
+    tr.add_argument("--checkpoint-every", type=int, default=None, help="also save a checkpoint every this many steps")
+    tr.add_argument("--device", default="cpu", help="torch device (cuda: bf16 autocast)")
+    tr.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     return parser
 
 
@@ -178,15 +203,34 @@ def _analyze(args: argparse.Namespace) -> str:
         sections=args.sections,
         ablations=args.ablations,
     )
+    if args.html:
+        report.to_html(args.html)
     return json.dumps(report.to_dict(), indent=2) if args.json else str(report)
 
 
+def load_model(text: str, device: str | None = None, dtype: torch.dtype | None = None) -> Any:
+    """MODEL on the command line: a lens_bias checkpoint file, a random-init spec, or (online) a hub name."""
+    if Path(text).is_file():
+        model = load_checkpoint(text, device=device)
+        return model.to(dtype) if dtype is not None else model
+    arch = text.partition(":")[0].strip()
+    if arch in ARCHS:
+        return random_init(parse_model_spec(text), device=device, dtype=dtype)
+    if text.endswith(".pt"):
+        raise FileNotFoundError(f"no checkpoint at {text}")
+    bridge = _tl.bridge_class()
+    if bridge is None:
+        from transformer_lens import HookedTransformer  # TL 3.x
+
+        return HookedTransformer.from_pretrained(text, device=device, dtype=dtype)
+    return bridge.boot_transformers(text, device=device, dtype=dtype)
+
+
 def _fingerprint(args: argparse.Namespace) -> str:
-    spec = parse_model_spec(args.model)
     device = args.device
     if args.distributed and device == "cuda":  # one GPU per rank
         device = f"cuda:{os.environ.get('LOCAL_RANK', 0)}"
-    model = random_init(spec, device=device, dtype=_DTYPES[args.dtype])
+    model = load_model(args.model, device=device, dtype=_DTYPES[args.dtype])
     fp = seedprint.fingerprint(
         model, inputs=args.inputs, n=args.n, seq_len=args.seq_len, seed=args.input_seed, vocab=args.vocab,
         batch_size=args.batch_size, progress=not args.no_progress, distributed=args.distributed,
@@ -227,6 +271,32 @@ def _sinks(args: argparse.Namespace) -> str:
     return summary(result)
 
 
+def _train(args: argparse.Namespace) -> str:
+    from .data import TokenData, code, prose, text_files
+    from .train import save_checkpoint, train
+
+    model = load_model(args.model, device=args.device)
+    vocab = int(model.cfg.d_vocab)
+    on_prose = TokenData.build(prose(), vocab_size=vocab, seq_len=args.seq_len)
+    if args.corpus == "prose":
+        data = on_prose
+    else:
+        corpus = code() if args.corpus == "code" else text_files(args.corpus.split(","))
+        data = TokenData.build(corpus, seq_len=args.seq_len, tokenizer_from=on_prose)
+    out = Path(args.out)
+    run = train(
+        model, data, steps=args.steps, batch_size=args.batch_size, lr=args.lr, weight_decay=args.weight_decay,
+        data_seed=args.data_seed, bos=0 if args.bos else None, checkpoint_every=args.checkpoint_every,
+        checkpoint_dir=out if args.checkpoint_every else None, dtype=torch.bfloat16 if args.device.startswith("cuda") else None,
+        progress=not args.no_progress,
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    save_checkpoint(model, out / "final.pt", step=args.steps)
+    run.to_pandas().to_csv(out / "training.csv", index=False)
+    return (f"trained {args.model} for {args.steps} steps on {data.corpus_name}: eval loss {run.final_eval_loss:.3f} nats "
+            f"(unigram entropy {data.unigram_entropy():.3f}) -> {out / 'final.pt'}")
+
+
 def _show_warning(message: Warning | str, category: type[Warning], *args: object, **kwargs: object) -> None:
     """Library warnings as one line on stderr, without the source excerpt Python adds."""
     print(f"warning: {message}", file=sys.stderr)
@@ -236,7 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``lens-bias`` and ``python -m lens_bias``; returns the exit code."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
-    commands = {"analyze": _analyze, "fingerprint": _fingerprint, "seedprint": _seedprint, "persistence": _persistence, "sinks": _sinks}
+    commands = {"analyze": _analyze, "fingerprint": _fingerprint, "seedprint": _seedprint, "persistence": _persistence, "sinks": _sinks, "train": _train}
     shown, warnings.showwarning = warnings.showwarning, _show_warning
     try:
         print(commands[args.command](args))

@@ -73,3 +73,27 @@ def test_model_spec_strings():
     )
     assert main(["fingerprint", "llama:d=6x4", "-o", "x.pt"]) == 2
     assert main(["fingerprint", "llama:width=64", "-o", "x.pt"]) == 2
+
+
+def test_html_report(tmp_path, capsys):
+    page = tmp_path / "report.html"
+    assert main(["analyze", *SMALL, "--html", str(page), "--sections", "token_preference", "positional_variance"]) == 0
+    text = page.read_text()
+    assert text.count("var CircuitsVis") == 1 and "<h2>positional_variance</h2>" in text and "data:image/png" in text
+
+
+def test_train_then_fingerprint_the_checkpoint(tmp_path, capsys):
+    spec = "llama:d=64,L=2,H=2,V=512,ctx=32,seed=4"
+    out = tmp_path / "run"
+    assert main(["train", spec, "--out", str(out), "--steps", "12", "--batch-size", "4", "--seq-len", "32", "--lr", "3e-3", "--bos", "--no-progress"]) == 0
+    said = capsys.readouterr().out
+    assert "trained" in said and "eval loss" in said
+    training = (out / "training.csv").read_text().splitlines()
+    assert len(training) == 13 and training[0].startswith("step,loss,lr")
+    fp = tmp_path / "fp.pt"
+    assert main(["fingerprint", str(out / "final.pt"), "-o", str(fp), "--n", "16", "--seq-len", "16", "--no-progress"]) == 0
+    from lens_bias import seedprint
+
+    assert seedprint.Fingerprint.load(fp).spec["seed"] == 4
+    assert main(["fingerprint", str(tmp_path / "missing.pt"), "-o", str(fp)]) == 2
+    assert "no checkpoint at" in capsys.readouterr().err
