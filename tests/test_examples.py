@@ -1,10 +1,11 @@
 """The example scripts run top to bottom (small settings) and show what their docstrings claim."""
 
-import json
 import runpy
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -25,27 +26,40 @@ def test_orders_of_magnitude_smoke(monkeypatch, capsys):
     assert "ReLU d 128 + OddActivation" in out and "ReLU d 256" in out
 
 
-def run_notebook(path: Path) -> dict:
-    """Execute a notebook's code cells top to bottom in one namespace (what a kernel would do, minus display)."""
-    notebook = json.loads(path.read_text())
-    namespace: dict = {"__name__": "__main__"}
-    for cell in notebook["cells"]:
-        assert cell["cell_type"] != "code" or not cell["outputs"], f"{path.name}: outputs must be stripped"
-        if cell["cell_type"] == "code":
-            exec(compile("".join(cell["source"]), f"{path.name}", "exec"), namespace)
-    return namespace
+def run_notebook(path: Path):
+    """Execute a notebook in a fresh Jupyter kernel (nbclient), as CI and users do; any error fails the test.
+
+    Each notebook ends with assertions on its own numbers, so running it is also checking what its text claims.
+    """
+    import nbformat
+    from nbclient import NotebookClient
+
+    notebook = nbformat.read(path, as_version=4)
+    assert all(not cell.get("outputs") for cell in notebook.cells if cell.cell_type == "code"), f"{path.name}: strip outputs"
+    NotebookClient(notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(EXAMPLES)}}).execute()
+    return notebook
 
 
-def test_ablation_notebook_runs_top_to_bottom():
-    ns = run_notebook(EXAMPLES / "ablate_mlp_vs_attention.ipynb")
-    final = ns["ablation"].final()
-    assert final.loc["odd_mlp", "inter"] < 0.05 < final.loc["base", "inter"]
-    assert [row["inter"] for row in ns["rows"]] == sorted(row["inter"] for row in ns["rows"])[::-1]
+def outputs_text(notebook) -> str:
+    return "\n".join(
+        str(out.get("text", "")) + str(out.get("data", {}).get("text/plain", "")) + str(out.get("data", {}).get("text/html", ""))[:200]
+        for cell in notebook.cells if cell.cell_type == "code" for out in cell.outputs
+    )
 
 
-def test_persistence_notebook_runs_top_to_bottom():
-    ns = run_notebook(EXAMPLES / "seedprint_persistence.ipynb")
-    assert ns["result"].all_as_expected
+NOTEBOOKS = sorted(EXAMPLES.glob("[0-9][0-9]_*.ipynb"))
+
+
+def test_the_four_notebooks_are_there():
+    assert [p.name[:3] for p in NOTEBOOKS] == ["01_", "02_", "03_", "04_"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_runs_top_to_bottom(path):
+    notebook = run_notebook(path)
+    text = outputs_text(notebook)
+    expected = {"01": "lens_bias report", "02": "odd_mlp", "03": "MaskToSelf(10)", "04": "same lineage?"}[path.name[:2]]
+    assert expected in text
 
 
 def test_persistence_command_writes_files_and_exits_1_on_a_wrong_verdict(tmp_path, monkeypatch, capsys):
@@ -65,13 +79,6 @@ def test_persistence_command_writes_files_and_exits_1_on_a_wrong_verdict(tmp_pat
     assert main(["persistence", "--preset", "tiny", "--no-progress"]) == 0
     done = subprocess.run([sys.executable, str(EXAMPLES / "seedprint_persistence.py"), "--help"], capture_output=True, text=True)
     assert done.returncode == 0 and "--tiny" in done.stdout
-
-
-def test_move_the_sink_notebook_runs_top_to_bottom():
-    ns = run_notebook(EXAMPLES / "03_move_the_sink.ipynb")
-    moved = ns["moved"].set_index("condition")
-    assert moved.loc[f"MaskToSelf({ns['sink_config'].position})", "diff_in_se"] > 3
-    assert ns["trained"].sinks.rate(0.1)[0] > ns["fresh"].sinks.rate(0.1)[0]
 
 
 def test_move_the_sink_script_help_lists_the_presets():
