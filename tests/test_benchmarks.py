@@ -26,3 +26,12 @@ def test_bench_seedprint_prints_its_ratios_last():
     assert [line.split(":")[0].strip() for line in lines[-4:]] == [
         "extraction / full forward", "extraction / HF inner forward", "scipy loop / vectorised Kendall", "peak memory N 2000 / N 200",
     ]
+
+
+def test_run_all_prints_one_row_per_figure():
+    lines = run("run_all.py", "--tiny")
+    rows = [line for line in lines if line.startswith("| ") and not line.startswith("| figure")]
+    assert [row.split("|")[1].strip() for row in rows] == [
+        "analyze / forward ratio", "extraction / full forward", "extraction / HF inner forward", "scipy loop / vectorised Kendall", "peak memory N 2000 / N 200",
+    ]
+    assert all(row.split("|")[2].strip() != "n/a" for row in rows if "HF inner" not in row)
