@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -133,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--trained", default=None, help="a sink-model checkpoint ('shipped' for the one in the package) instead of training one")
     s.add_argument("--out", default=None, help="write the tables (CSV), summary.md and trained checkpoints here")
     s.add_argument("--device", default=None, help="where to train and run, e.g. cuda (bf16 autocast in training)")
+    s.add_argument("--no-rmsnorm", action="store_true", help="skip experiment 4 (training the baseline and the head-wise RMSNorm model)")
     s.add_argument("--no-progress", action="store_true", help="hide progress bars")
     tr = sub.add_parser(
         "train",
@@ -264,10 +266,13 @@ def _persistence(args: argparse.Namespace) -> str:
 
 
 def _sinks(args: argparse.Namespace) -> str:
-    from .sink_experiment import SINK_MODEL_PATH, run_sink_experiment, summary
+    from .sink_experiment import PRESETS, SINK_MODEL_PATH, run_sink_experiment, summary
 
     trained = SINK_MODEL_PATH if args.trained == "shipped" else args.trained
-    result = run_sink_experiment("tiny" if args.tiny else args.preset, trained=trained, out=args.out, device=args.device, progress=not args.no_progress)
+    config = PRESETS["tiny" if args.tiny else args.preset]
+    if args.no_rmsnorm:
+        config = replace(config, train_rmsnorm=False)
+    result = run_sink_experiment(config, trained=trained, out=args.out, device=args.device, progress=not args.no_progress)
     return summary(result)
 
 
