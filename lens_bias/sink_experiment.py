@@ -264,7 +264,9 @@ def train_sink_model(
 def sink_model(path: Union[str, Path, None] = None, device: Union[str, torch.device, None] = None) -> tuple[Any, SinkConfig]:
     """The shipped trained sink model (or one saved by :func:`run_sink_experiment`) and its config.
 
-    >>> model, cfg = sink_model()  # doctest: +SKIP
+    >>> model, cfg = sink_model()
+    >>> cfg.d_model, cfg.n_layers, cfg.position
+    (128, 4, 10)
     """
     path = Path(path) if path is not None else SINK_MODEL_PATH
     if not path.exists():
