@@ -68,7 +68,33 @@ class MaskToSelf(Intervention):
 
 
 @dataclass(frozen=True)
-class AmplifyVariance(Intervention):
+class _EditAtPosition(Intervention):
+    """Shared part of AmplifyVariance and ScaleNorm: replace o_k, token k's attention output, by ``_edit(o_k)``."""
+
+    position: int = 0
+    factor: float = 4.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_position(self.position, type(self).__name__)
+
+    def _edit(self, out_k: Tensor) -> Tensor:  # [batch, d_model] -> [batch, d_model]
+        raise NotImplementedError
+
+    def layer_hooks(self, model: Any, layer: int) -> list[FwdHook]:
+        k, name = self.position, type(self).__name__
+
+        def hook_fn(out: Tensor, hook: Any) -> Tensor:  # [batch, pos, d_model]
+            _check_in_sequence(k, out.shape[1], name)
+            out = out.clone()
+            out[:, k] = self._edit(out[:, k])
+            return out
+
+        return [(f"blocks.{layer}.hook_attn_out", hook_fn)]
+
+
+@dataclass(frozen=True)
+class AmplifyVariance(_EditAtPosition):
     """Mean-centred amplification of token ``position``'s attention output: λ(o_k − μ) + μ, μ the batch mean.
 
     Needs batches of at least 2 sequences (μ is taken over the batch).
@@ -77,53 +103,23 @@ class AmplifyVariance(Intervention):
     {'type': 'AmplifyVariance', 'layers': [1], 'position': 10, 'factor': 4.0}
     """
 
-    position: int = 0
-    factor: float = 4.0
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _check_position(self.position, "AmplifyVariance")
-
-    def layer_hooks(self, model: Any, layer: int) -> list[FwdHook]:
-        k, factor = self.position, float(self.factor)
-
-        def hook_fn(out: Tensor, hook: Any) -> Tensor:  # [batch, pos, d_model]
-            _check_in_sequence(k, out.shape[1], "AmplifyVariance")
-            if out.shape[0] < 2:
-                raise LensBiasError("AmplifyVariance centres on the batch mean: run batches of at least 2 sequences")
-            out = out.clone()
-            mean = out[:, k].mean(dim=0, keepdim=True)
-            out[:, k] = factor * (out[:, k] - mean) + mean
-            return out
-
-        return [(f"blocks.{layer}.hook_attn_out", hook_fn)]
+    def _edit(self, out_k: Tensor) -> Tensor:
+        if out_k.shape[0] < 2:
+            raise LensBiasError("AmplifyVariance centres on the batch mean: run batches of at least 2 sequences")
+        mean = out_k.mean(dim=0, keepdim=True)
+        return float(self.factor) * (out_k - mean) + mean
 
 
 @dataclass(frozen=True)
-class ScaleNorm(Intervention):
+class ScaleNorm(_EditAtPosition):
     """Plain scaling of token ``position``'s attention output, λ·o_k: the control for :class:`AmplifyVariance`.
 
     >>> ScaleNorm(position=10, factor=4.0).to_dict()
     {'type': 'ScaleNorm', 'layers': None, 'position': 10, 'factor': 4.0}
     """
 
-    position: int = 0
-    factor: float = 4.0
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _check_position(self.position, "ScaleNorm")
-
-    def layer_hooks(self, model: Any, layer: int) -> list[FwdHook]:
-        k, factor = self.position, float(self.factor)
-
-        def hook_fn(out: Tensor, hook: Any) -> Tensor:  # [batch, pos, d_model]
-            _check_in_sequence(k, out.shape[1], "ScaleNorm")
-            out = out.clone()
-            out[:, k] = factor * out[:, k]
-            return out
-
-        return [(f"blocks.{layer}.hook_attn_out", hook_fn)]
+    def _edit(self, out_k: Tensor) -> Tensor:
+        return float(self.factor) * out_k
 
 
 @dataclass(frozen=True)
