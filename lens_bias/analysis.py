@@ -33,6 +33,18 @@ class Result:
         """A short human-readable paragraph."""
         raise NotImplementedError
 
+    def plot(self, **kwargs: Any) -> Any:
+        """This section's matplotlib Figure (needs ``lens-bias[plot]``); see :mod:`lens_bias.viz`."""
+        from . import viz
+
+        return viz.plot(self, **kwargs)
+
+    def show(self, **kwargs: Any) -> Any:
+        """This section's circuitsvis view (renders in Jupyter; ``viz.save_html`` writes it to a page)."""
+        from . import viz
+
+        return viz.show(self, **kwargs)
+
     def __str__(self) -> str:
         return self.summary()
 

@@ -95,6 +95,12 @@ class PersistenceResult:
     def all_as_expected(self) -> bool:
         return bool(self.tables.ok.all())
 
+    def plot(self) -> Any:
+        """log10 p of the lineage test along the seed-42 run's checkpoints (a matplotlib Figure)."""
+        from .viz import plot_lineage
+
+        return plot_lineage(self.curve)
+
     def save(self, out: Union[str, Path]) -> None:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)

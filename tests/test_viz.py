@@ -69,6 +69,17 @@ def test_figures_are_matplotlib_figures(report):
     assert isinstance(viz.plot_lineage(pd.DataFrame({"step": [0, 50], "log10_p": [-300.0, -5.0]})), Figure)
 
 
+def test_results_plot_and_show_themselves(report):
+    from matplotlib.figure import Figure
+
+    assert isinstance(report.token_preference.plot(), Figure) and isinstance(report.sinks.plot(position=0, eps=0.1), Figure)
+    assert "CircuitsVis.ColoredTokens" in report.positional_variance.show(layer=1).local_src
+    with pytest.raises(LensBiasError, match="DecompositionResult has no figure"):
+        report.decomposition.plot()
+    with pytest.raises(LensBiasError, match="ContractionResult has no circuitsvis view"):
+        report.contraction.show()
+
+
 def _chromium_offline(args):
     base = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=8000", *args]
     if shutil.which("unshare") and subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode == 0:
