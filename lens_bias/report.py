@@ -72,17 +72,12 @@ class BiasReport:
         }
 
     def figures(self) -> dict[str, Any]:
-        """matplotlib figures of the computed sections (needs ``lens-bias[plot]``), by title."""
-        from . import viz
-
-        makers = {
-            "token_preference": ("sorted V·p̄", viz.plot_token_preference),
-            "contraction": ("contraction per layer", viz.plot_contraction),
-            "positional_variance": ("positional variance r_t", viz.plot_positional_variance),
-            "sinks": ("first-token sink per layer and head", viz.plot_sinks),
-            "ablations": ("ablations per layer", viz.plot_contraction),
+        """matplotlib figures of the computed sections that have one (``result.plot()``; needs ``lens-bias[plot]``)."""
+        titles = {
+            "token_preference": "sorted V·p̄", "contraction": "contraction per layer", "positional_variance": "positional variance r_t",
+            "sinks": "first-token sink per layer and head", "ablations": "ablations per layer",
         }
-        return {makers[name][0]: makers[name][1](result) for name, result in self.sections().items() if name in makers}
+        return {titles[name]: result.plot() for name, result in self.sections().items() if name in titles}
 
     def views(self) -> dict[str, Any]:
         """circuitsvis views of the computed sections, by heading."""

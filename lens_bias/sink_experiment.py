@@ -216,8 +216,11 @@ def sinks_by_layer(init: SinksResult, trained: SinksResult, eps: float) -> pd.Da
     return pd.DataFrame(rows)
 
 
-def intervention_table(model: Any, tokens: Tensor, position: int, factor: float, eps: float) -> pd.DataFrame:
-    """Experiment 3: α_k (mean ± SE over sequences) and Sink_k under each intervention, against the baseline."""
+def intervention_table(model: Any, tokens: Tensor, position: int, factor: float, eps: float, baseline: SinksResult | None = None) -> pd.DataFrame:
+    """Experiment 3: α_k (mean ± SE over sequences) and Sink_k under each intervention, against the baseline.
+
+    ``baseline``: the unedited model's Sinks result on ``tokens`` at ``eps``, when already computed.
+    """
     conditions: list[tuple[str, list[Intervention]]] = [
         ("baseline", []),
         (f"MaskToSelf({position})", [MaskToSelf(position=position)]),
@@ -227,7 +230,10 @@ def intervention_table(model: Any, tokens: Tensor, position: int, factor: float,
     per_sequence: dict[str, Tensor] = {}
     rows = []
     for name, ivs in conditions:
-        res: SinksResult = _run(model, tokens, [Sinks(eps=eps)], ivs)["sinks"]  # type: ignore[assignment]
+        if not ivs and baseline is not None:
+            res = baseline
+        else:
+            res = _run(model, tokens, [Sinks(eps=eps)], ivs)["sinks"]  # type: ignore[assignment]
         alpha_k = res.alpha[..., position].mean(dim=(1, 2))  # [n]: mean over layers and heads
         per_sequence[name] = alpha_k
         diff = alpha_k - per_sequence["baseline"]
@@ -317,7 +323,7 @@ def run_sink_experiment(
     by_layer = sinks_by_layer(init_sinks, trained_results["sinks"], cfg.eps)  # type: ignore[arg-type]
     # α_0 per sequence (mean over layers and heads), paired over the same held-out sequences
     share_diff = trained_results["sinks"].alpha[..., 0].mean(dim=(1, 2)) - init_sinks.alpha[..., 0].mean(dim=(1, 2))  # type: ignore[attr-defined]
-    moved = intervention_table(model, tokens, cfg.position, cfg.factor, cfg.eps)
+    moved = intervention_table(model, tokens, cfg.position, cfg.factor, cfg.eps, baseline=trained_results["sinks"])  # type: ignore[arg-type]
     units = trained_results["super_neurons"].units(top=3)  # type: ignore[attr-defined]
 
     rms_rows, curves = [], []
@@ -331,7 +337,7 @@ def run_sink_experiment(
         rms_model, rms_run, seconds = train_sink_model(cfg, data, interventions=[norm], progress=progress, device=device)
         training_rows.append(_training_row("HeadwiseRMSNorm", rms_run, data, seconds))
         for name, m, ivs, run in (("baseline", base_model, [], baseline_run), ("HeadwiseRMSNorm", rms_model, [norm], rms_run)):
-            sinks = _run(m, tokens, [Sinks(eps=cfg.eps)], ivs)["sinks"]
+            sinks = trained_results["sinks"] if m is model else _run(m, tokens, [Sinks(eps=cfg.eps)], ivs)["sinks"]
             # positional spread across *random* sequences: on text every sequence starts with the same BOS
             variance = _run(m, random_tokens(cfg.init_sequences, cfg.seq_len, cfg.vocab, seed=7), [PositionalVariance()], ivs)["positional_variance"]
             rms_rows.append({
