@@ -10,8 +10,16 @@ and 123 are then continued on ``code`` (the shift). The papers' four tables:
 | 3 | init s_i vs trained s_j, same data and order (4 pairs) | unrelated |
 | 4 | trained 1000 vs code-continued from 1000 / from 123 | related / unrelated |
 
-each with token inputs (analytic null, N ≤ V/4) and with embedding inputs (seeds null: the analytic null is
-unsafe there at this size), plus the lineage of one run's checkpoints against its init (log10 p by step).
+each with token inputs and with embedding inputs, plus the lineage of one run's checkpoints against its init
+(log10 p by step, token inputs).
+
+Which null judges a comparison (``null_for``): the analytic one (N ≤ V/4) for token inputs when at least one model
+is an init; for embedding inputs, the seeds null of fresh inits when the target is an init (the shared residual
+path makes the analytic null unsafe there). Two models trained on the same prose (table 4) resemble each other far
+beyond the analytic null (measured at the default size: τ̄ from −0.013 to +0.057 over the six pairs of trained
+seeds, analytic sd 0.0036), and a trained model answers embedding inputs less through its residual path than an
+init does; so every other comparison uses a data-matched null: the base against the models pretrained on the same
+batches from init seeds outside both lineages (the other main seeds plus ``n_null_trained`` extra ones).
 """
 
 from __future__ import annotations
@@ -56,8 +64,8 @@ class PersistenceConfig:
     vocab: int = 4096  # BPE vocabulary = the models' d_vocab; token fingerprints need N <= vocab / 4
     seq_len: int = 64  # training sequence length
     batch_size: int = 16
-    pretrain_steps: int = 400
-    pretrain_lr: float = 3e-4  # the papers' rate; 6e-4 and 2e-3 train further but break table 4 (README)
+    pretrain_steps: int = 600
+    pretrain_lr: float = 6e-4  # eval loss ~1.2 nats below the unigram entropy; 2e-3 erases the lineage (README)
     continue_steps: int = 200
     continue_lr: float = 5e-4  # continued training uses a smaller rate, as in the papers (2e-5 at 160M)
     weight_decay: float = 0.1
@@ -65,7 +73,8 @@ class PersistenceConfig:
     n_inputs: int = 1000  # fingerprint inputs
     input_len: int = 64
     m: int = 64  # identity dims; about d_model / 2 at small width
-    n_null: int = 20  # fresh inits in the seeds null (embedding inputs)
+    n_null: int = 20  # fresh inits in the seeds null (embedding inputs, tables 1-3)
+    n_null_trained: int = 2  # extra seeds pretrained on the same data, for the data-matched null
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -88,7 +97,7 @@ class PersistenceResult:
     """The four tables (both input kinds), the lineage curve, and the training record."""
 
     tables: pd.DataFrame  # table, base, target, inputs, null, tau_bar, k, p, log10_p, same_lineage, expected, ok
-    curve: pd.DataFrame  # step, log10_p, tau_bar, same_lineage (seed 42: init vs each checkpoint, first input kind)
+    curve: pd.DataFrame  # step, log10_p, tau_bar, same_lineage (seed 42: init vs each checkpoint, token inputs)
     training: pd.DataFrame  # run, steps, final_train_loss, eval_loss, unigram_entropy
 
     @property
@@ -113,27 +122,41 @@ class PersistenceResult:
     def markdown(self) -> str:
         parts = []
         for kind, frame in self.tables.groupby("inputs", sort=False):
-            rows = ["| table | base | target | τ̄ | k | p | verdict | expected |", "|---|---|---|---|---|---|---|---|"]
+            rows = ["| table | base | target | null | τ̄ | k | p | verdict | expected |", "|---|---|---|---|---|---|---|---|---|"]
             for r in frame.itertuples():
                 verdict = "related" if r.same_lineage else "unrelated"
                 mark = "" if r.ok else " ✗"
-                rows.append(f"| {r.table} | {r.base} | {r.target} | {r.tau_bar:.4f} | {r.k} | {r.p:.2g} | {verdict}{mark} | {r.expected} |")
-            parts.append(f"{kind} inputs ({frame.null.iloc[0]} null):\n\n" + "\n".join(rows))
+                rows.append(f"| {r.table} | {r.base} | {r.target} | {r.null} | {r.tau_bar:.4f} | {r.k} | {r.p:.2g} | {verdict}{mark} | {r.expected} |")
+            parts.append(f"{kind} inputs:\n\n" + "\n".join(rows))
         return "\n\n".join(parts) + "\n"
 
 
-# Input kind -> the null it is tested with (the analytic null is unsafe for embedding inputs at this size).
-NULL_FOR = {"tokens": "analytic", "embeddings": "seeds"}
+KINDS = ("tokens", "embeddings")
+MATCHED = "trained seeds"
+
+
+def null_for(kind: str, base: str, target: str) -> str:
+    """The null that judges ``base`` vs ``target`` (model names such as "init 42", "trained 1000")."""
+    both_trained = not base.startswith("init") and not target.startswith("init")
+    if kind == "tokens" and not both_trained:
+        return "analytic"
+    if kind == "embeddings" and target.startswith("init"):
+        return "seeds"
+    return MATCHED
+
+
+def _lineage(name: str) -> int:
+    return int(name.split()[-1])
 
 
 def run_persistence(
     config: Union[str, PersistenceConfig] = "default", *, inputs: Sequence[str] = ("tokens",), progress: bool = True
 ) -> PersistenceResult:
-    """Train the seven models, fingerprint them, and build the four tables and the lineage curve.
+    """Train the seven models (and the null's extra seeds), fingerprint them, and build the tables and the curve.
 
     Args:
         config: a preset name ("tiny", "default", "scale") or a :class:`PersistenceConfig`.
-        inputs: fingerprint input kinds: "tokens" (analytic null) and/or "embeddings" (seeds null).
+        inputs: fingerprint input kinds: "tokens" and/or "embeddings" (see :func:`null_for` for their nulls).
         progress: progress bars.
 
     Returns:
@@ -141,8 +164,8 @@ def run_persistence(
     """
     cfg = PRESETS[config] if isinstance(config, str) else config
     kinds = list(inputs)
-    if not kinds or any(k not in NULL_FOR for k in kinds):
-        raise LensBiasError(f"inputs must be a non-empty subset of {list(NULL_FOR)}, got {inputs!r}")
+    if not kinds or any(k not in KINDS for k in kinds):
+        raise LensBiasError(f"inputs must be a non-empty subset of {list(KINDS)}, got {inputs!r}")
     if cfg.n_inputs > cfg.vocab // 4:
         raise LensBiasError(f"token fingerprints need n_inputs <= vocab / 4 (got {cfg.n_inputs} > {cfg.vocab // 4})")
     on_prose = TokenData.build(prose(), vocab_size=cfg.vocab, seq_len=cfg.seq_len)
@@ -151,20 +174,27 @@ def run_persistence(
     pretrain = dict(steps=cfg.pretrain_steps, batch_size=cfg.batch_size, lr=cfg.pretrain_lr, weight_decay=cfg.weight_decay, data_seed=DATA_SEED, progress=False)
     prints: dict[str, dict[str, seedprint.Fingerprint]] = {}
 
+    def fingerprint(model: Any, kind: str) -> seedprint.Fingerprint:
+        return seedprint.fingerprint(model, inputs=kind, n=cfg.n_inputs, seq_len=cfg.input_len, progress=False)
+
     def fingerprints(model: Any) -> dict[str, seedprint.Fingerprint]:
-        return {kind: seedprint.fingerprint(model, inputs=kind, n=cfg.n_inputs, seq_len=cfg.input_len, progress=False) for kind in kinds}
+        return {kind: fingerprint(model, kind) for kind in kinds}
 
     training = []
     trained = {}
     checkpoints: list[Path] = []
     work = Path(tempfile.mkdtemp(prefix="lens_bias_persistence_"))  # the seed-42 checkpoints, read back below
-    for seed in tqdm(SEEDS, desc="pretraining", disable=not progress):
+    null_seeds = [s for s in range(1, cfg.n_null_trained + len(SEEDS) + 1) if s not in SEEDS][: cfg.n_null_trained]
+    for seed in tqdm([*SEEDS, *null_seeds], desc="pretraining", disable=not progress):
         model = random_init(replace(spec, seed=seed))
-        prints[f"init {seed}"] = fingerprints(model)
+        if seed in SEEDS:
+            prints[f"init {seed}"] = fingerprints(model)
+        if seed == 42:  # the lineage curve uses token inputs whatever the tables use
+            curve_base = prints["init 42"]["tokens"] if "tokens" in kinds else fingerprint(model, "tokens")
         extra = dict(checkpoint_every=cfg.checkpoint_every, checkpoint_dir=work / "seed42") if seed == 42 else {}
         run = train(model, on_prose, **pretrain, **extra)
         checkpoints = run.checkpoints if seed == 42 else checkpoints
-        training.append(_training_row(f"pretrain {seed} on prose", run, on_prose))
+        training.append(_training_row(f"pretrain {seed} on prose" + ("" if seed in SEEDS else " (null)"), run, on_prose))
         prints[f"trained {seed}"] = fingerprints(model)
         if seed in (1000, 123):
             trained[seed] = model
@@ -180,29 +210,33 @@ def run_persistence(
         nulls["embeddings"] = seedprint.seed_null_fingerprints(prints["init 42"]["embeddings"], n_null=cfg.n_null, avoid=list(SEEDS), progress=progress)
     comparisons = (
         [(1, f"init {a}", f"init {b}", "unrelated") for a, b in CYCLE]
-        + [(2, f"init {s}", f"trained {s}", f"related, p < {STRONG:g}") for s in SEEDS]
+        + [(2, f"init {s}", f"trained {s}", "related") for s in SEEDS]
         + [(3, f"init {a}", f"trained {b}", "unrelated") for a, b in CYCLE]
         + [(4, "trained 1000", "code-continued 1000", "related"), (4, "trained 1000", "code-continued 123", "unrelated")]
     )
     rows = []
     for kind in kinds:
-        null_kind = NULL_FOR[kind]
-        extra = {"null_fingerprints": nulls[kind]} if null_kind == "seeds" else {}
         for table, base, target, expected in comparisons:
-            res = seedprint.test(prints[base][kind], prints[target][kind], m=cfg.m, null=null_kind, **extra)
+            null = null_for(kind, base, target)
+            if null == "analytic":
+                res = seedprint.test(prints[base][kind], prints[target][kind], m=cfg.m)
+            else:
+                outside = {_lineage(base), _lineage(target)}
+                matched = [prints[f"trained {s}"][kind] for s in [*SEEDS, *null_seeds] if s not in outside]
+                null_prints = matched if null == MATCHED else nulls[kind]
+                res = seedprint.test(prints[base][kind], prints[target][kind], m=cfg.m, null="seeds", null_fingerprints=null_prints)
+            if table == 2 and null == "analytic":
+                expected = f"related, p < {STRONG:g}"  # a null fitted to a few models is not trusted that far into its tail
             rows.append(
                 {
-                    "table": table, "base": base, "target": target, "inputs": kind, "null": null_kind, "tau_bar": res.tau_bar,
+                    "table": table, "base": base, "target": target, "inputs": kind, "null": null, "tau_bar": res.tau_bar,
                     "k": res.k, "p": res.p, "log10_p": res.log10_p, "same_lineage": res.same_lineage, "expected": expected,
                     "ok": _as_expected(res.p, expected),
                 }
             )
     curve = []
-    first = kinds[0]
-    for path in checkpoints:
-        checkpoint_print = seedprint.fingerprint(load_checkpoint(path), inputs=first, n=cfg.n_inputs, seq_len=cfg.input_len, progress=False)
-        extra = {"null_fingerprints": nulls[first]} if NULL_FOR[first] == "seeds" else {}
-        res = seedprint.test(prints["init 42"][first], checkpoint_print, m=cfg.m, null=NULL_FOR[first], **extra)
+    for path in checkpoints:  # init vs its own checkpoint: one side untrained, so the analytic null holds
+        res = seedprint.test(curve_base, fingerprint(load_checkpoint(path), "tokens"), m=cfg.m)
         curve.append({"step": int(path.stem.removeprefix("step")), "log10_p": res.log10_p, "tau_bar": res.tau_bar, "same_lineage": res.same_lineage})
     shutil.rmtree(work, ignore_errors=True)
     return PersistenceResult(pd.DataFrame(rows), pd.DataFrame(curve), pd.DataFrame(training))

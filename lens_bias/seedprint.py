@@ -374,7 +374,10 @@ def test(
         alpha: the significance level of the verdict.
         factory: ``seed -> model`` for the seeds null (default: rebuild from the fingerprint's recorded spec).
         n_null: fresh inits in the seeds null.
-        null_fingerprints: precomputed fingerprints of fresh inits (seeds null), reused instead of a factory.
+        null_fingerprints: precomputed fingerprints for the seeds null, reused instead of a factory: fresh inits,
+            or, when both models were trained on the same data, models trained on it from other init seeds (a
+            data-matched null: shared data makes unrelated trained models resemble each other beyond the
+            analytic null).
         n_trials: random feature pairs in the empirical null.
         test_type: empirical null: "t-test" (Student), "welch" or "u-test" (Mann-Whitney), all one-sided.
         null_seed: seed of the empirical null's random features; the seeds null uses init seeds from
