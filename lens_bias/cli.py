@@ -111,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser(
         "persistence",
-        help="the SeedPrint persistence experiment: train seven small models, test lineage (tables 1-4)",
+        help="the SeedPrint persistence experiment: train small models on prose and code, test lineage (tables 1-4)",
         description="Pretrain init seeds 42, 123, 1000, 2000 on stdlib prose (data seed 42), continue 1000 and 123 on "
         "stdlib code, and test lineage between inits, trained and continued models. Exits 1 when a verdict "
         "differs from the expected one.",
