@@ -219,12 +219,13 @@ def run_persistence(
         for table, base, target, expected in comparisons:
             null = null_for(kind, base, target)
             if null == "analytic":
-                res = seedprint.test(prints[base][kind], prints[target][kind], m=cfg.m)
-            else:
+                against = {}
+            elif null == "seeds":
+                against = {"null": "seeds", "null_fingerprints": nulls[kind]}
+            else:  # data-matched: models pretrained on the same batches from seeds outside both lineages
                 outside = {_lineage(base), _lineage(target)}
-                matched = [prints[f"trained {s}"][kind] for s in [*SEEDS, *null_seeds] if s not in outside]
-                null_prints = matched if null == MATCHED else nulls[kind]
-                res = seedprint.test(prints[base][kind], prints[target][kind], m=cfg.m, null="seeds", null_fingerprints=null_prints)
+                against = {"null": "seeds", "null_fingerprints": [prints[f"trained {s}"][kind] for s in [*SEEDS, *null_seeds] if s not in outside]}
+            res = seedprint.test(prints[base][kind], prints[target][kind], m=cfg.m, **against)
             if table == 2 and null == "analytic":
                 expected = f"related, p < {STRONG:g}"  # a null fitted to a few models is not trusted that far into its tail
             rows.append(
