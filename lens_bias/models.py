@@ -21,7 +21,7 @@ import torch
 from . import _tl
 from .errors import LensBiasError
 
-__all__ = ["ModelSpec", "random_init", "redraw", "ARCHS", "ACTIVATIONS", "POSITIONAL_EMBEDDINGS"]
+__all__ = ["ModelSpec", "random_init", "redraw", "pretrained", "from_hf", "ARCHS", "ACTIVATIONS", "POSITIONAL_EMBEDDINGS"]
 
 ARCHS = ("gpt2", "llama", "qwen2")
 # Activations each architecture family can be built with.
@@ -341,3 +341,6 @@ def _freeze_zero(table: torch.nn.Parameter) -> None:
     with torch.no_grad():
         table.zero_()
     table.requires_grad_(False)
+
+
+from .pretrained import from_hf, pretrained  # noqa: E402  (re-exported: lens_bias.models is the one place models come from)

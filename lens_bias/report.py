@@ -117,8 +117,7 @@ class BiasReport:
         header = (
             f"lens_bias report: {m.architecture or m.family}, d_model {m.d_model}, {m.n_layers} layers × {m.n_heads} heads, "
             f"{mlp}, {m.normalization} norm, {pos}, V {m.d_vocab} ({m.family}, TL {m.tl_version}, {m.device}/{m.dtype})\n"
-            f"inputs: {i.n} random {i.kind} sequences of length {i.seq_len}"
-            + (f", seed {i.seed}" if i.seed is not None else "")
+            f"inputs: {i.describe()}"
         )
         return "\n\n".join([header] + [r.summary() for r in self.sections().values()])
 
@@ -161,7 +160,8 @@ def analyze(
     Args:
         model: a TL 4.x TransformerBridge, a TL 3.x HookedTransformer, or a HookedRootModule with standard hook
             names. It is never modified.
-        inputs: "tokens", "embeddings" (Gaussian with the model's embedding mean/std), token IDs [n, seq],
+        inputs: "tokens", "text" (held-out prose through ``model.tokenizer``: :func:`lens_bias.inputs.text_tokens`),
+            "embeddings" (Gaussian with the model's embedding mean/std), token IDs [n, seq],
             embeddings [n, seq, d_model] or a RandomEmbeddings.
         n_sequences: number of random sequences (ignored for tensor inputs); at least 2.
         seq_len: tokens per sequence (ignored for tensor inputs); at least 2 and at most the model's n_ctx.

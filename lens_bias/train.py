@@ -25,6 +25,7 @@ from .adapter import ModelAdapter
 from .data import TokenData
 from .errors import LensBiasError
 from .hooks import Intervention, intervene
+from .inputs import with_bos
 from .models import ModelSpec, random_init
 
 __all__ = ["train", "TrainingRun", "save_checkpoint", "load_checkpoint", "batch_order", "evaluate", "with_bos"]
@@ -64,15 +65,6 @@ def _lr(step: int, steps: int, lr: float, warmup: int, schedule: str) -> float:
         return lr
     progress = (step - warmup) / max(1, steps - warmup)
     return lr * 0.5 * (1 + math.cos(math.pi * progress))
-
-
-def with_bos(blocks: torch.Tensor, bos: int | None) -> torch.Tensor:
-    """``blocks`` with the first token of every block replaced by ``bos`` (unchanged when ``bos`` is None)."""
-    if bos is None:
-        return blocks
-    out = blocks.clone()
-    out[:, 0] = bos
-    return out
 
 
 def _loss(model: Any, blocks: torch.Tensor) -> torch.Tensor:

