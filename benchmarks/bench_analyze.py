@@ -4,6 +4,7 @@ The baseline is ``model(tokens)`` over the same batches under ``torch.inference_
 position included, as a user would run it), measured in the same process. Target: ratio <= 2.0.
 
     python benchmarks/bench_analyze.py [--d-model 256 --n-layers 4 --n 256 --seq-len 128 --device cpu]
+    python benchmarks/bench_analyze.py --model smollm2-135m-instruct --n 64 --seq-len 64
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from lens_bias import ModelAdapter
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="a pretrained model instead of a random init, e.g. smollm2-135m-instruct")
     parser.add_argument("--arch", default="gpt2")
     parser.add_argument("--d-model", type=int, default=256)
     parser.add_argument("--n-layers", type=int, default=4)
@@ -30,11 +32,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
 
-    model = lens_bias.random_init(
-        args.arch, d_model=args.d_model, n_layers=args.n_layers, d_vocab=args.d_vocab, n_ctx=max(256, args.seq_len),
-        act_fn="relu" if args.arch == "gpt2" else None, positional_embedding="rotary", device=args.device,
-        dtype=getattr(torch, args.dtype),
-    )
+    if args.model:  # a pretrained model: its own width, depth and vocabulary
+        model = lens_bias.models.pretrained(args.model, device=args.device, dtype=getattr(torch, args.dtype))
+        args.arch, args.d_model, args.n_layers, args.d_vocab = args.model, model.cfg.d_model, model.cfg.n_layers, model.cfg.d_vocab
+    else:
+        model = lens_bias.random_init(
+            args.arch, d_model=args.d_model, n_layers=args.n_layers, d_vocab=args.d_vocab, n_ctx=max(256, args.seq_len),
+            act_fn="relu" if args.arch == "gpt2" else None, positional_embedding="rotary", device=args.device,
+            dtype=getattr(torch, args.dtype),
+        )
     tokens = lens_bias.random_tokens(args.n, args.seq_len, args.d_vocab)
     batch = ModelAdapter(model).default_batch_size(args.seq_len)
 

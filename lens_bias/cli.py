@@ -88,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("-o", "--output", required=True, help="where to save the fingerprint (.pt)")
     f.add_argument("--inputs", choices=["tokens", "embeddings"], default="tokens", help="random token IDs or embeddings")
     f.add_argument("--n", "--sequences", dest="n", type=int, default=2000, help="random sequences (spell it --sequences under torchrun, whose own options --n… would be ambiguous)")
-    f.add_argument("--seq-len", type=int, default=1024, help="tokens per sequence")
+    f.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: the papers' 1024, or the model's context if shorter)")
     f.add_argument("--input-seed", type=int, default=42, help="seed of the random inputs")
     f.add_argument("--vocab", type=int, default=None, help="draw token IDs below this (the smallest vocabulary you compare)")
     f.add_argument("--batch-size", type=int, default=None, help="sequences per forward pass")
@@ -245,8 +245,9 @@ def _fingerprint(args: argparse.Namespace) -> str:
     if args.distributed and device == "cuda":  # one GPU per rank
         device = f"cuda:{os.environ.get('LOCAL_RANK', 0)}"
     model = load_model(args.model, device=device, dtype=_DTYPES[args.dtype])
+    seq_len = args.seq_len if args.seq_len is not None else min(1024, int(model.cfg.n_ctx))
     fp = seedprint.fingerprint(
-        model, inputs=args.inputs, n=args.n, seq_len=args.seq_len, seed=args.input_seed, vocab=args.vocab,
+        model, inputs=args.inputs, n=args.n, seq_len=seq_len, seed=args.input_seed, vocab=args.vocab,
         batch_size=args.batch_size, progress=not args.no_progress, distributed=args.distributed,
     )
     if fp is None:

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+import lens_bias
 from lens_bias.cli import main
 
 SMALL = ["--d-model", "64", "--n-layers", "2", "--n-heads", "4", "--d-vocab", "200", "--n-sequences", "8", "--seq-len", "16", "--no-progress"]
@@ -97,3 +98,11 @@ def test_train_then_fingerprint_the_checkpoint(tmp_path, capsys):
     assert seedprint.Fingerprint.load(fp).spec["seed"] == 4
     assert main(["fingerprint", str(tmp_path / "missing.pt"), "-o", str(fp)]) == 2
     assert "no checkpoint at" in capsys.readouterr().err
+
+
+def test_fingerprint_default_length_fits_the_models_context(tmp_path, capsys):
+    """The README's `lens-bias fingerprint llama:...` with no --seq-len: the papers' 1024 is cut to n_ctx (256)."""
+    out = tmp_path / "fa.pt"
+    assert main(["fingerprint", "llama:d=64,L=2,H=4,V=200,seed=3", "-o", str(out), "--sequences", "4", "--no-progress"]) == 0
+    fp = lens_bias.Fingerprint.load(out)
+    assert fp.inputs["seq_len"] == 256 and fp.features.shape == (4, 64)
