@@ -305,4 +305,4 @@ def resolve_inputs(
             f"a tensor input must be token IDs [n, seq] (int64) or embeddings [n, seq, d_model] (float); "
             f"got dtype {inputs.dtype} and shape {tuple(inputs.shape)}"
         )
-    raise TypeError(f"inputs must be 'tokens', 'embeddings', a tensor or RandomEmbeddings, got {type(inputs).__name__}")
+    raise TypeError(f"inputs must be 'tokens', 'text', 'embeddings', a tensor or RandomEmbeddings, got {type(inputs).__name__}")

@@ -51,7 +51,7 @@ def test_sections_and_embedding_inputs():
         (dict(seq_len=33), LensBiasError, "n_ctx=32"),
         (dict(n_sequences=1), LensBiasError, "at least 2 sequences"),
         (dict(seq_len=1), LensBiasError, "seq_len >= 2"),
-        (dict(inputs="words"), LensBiasError, "'tokens', 'embeddings'"),
+        (dict(inputs="words"), LensBiasError, "'tokens', 'text', 'embeddings'"),
         (dict(inputs=torch.full((3, 4), 500)), LensBiasError, "d_vocab=97"),
         (dict(sections=["sink"]), LensBiasError, "unknown section"),
         (dict(device="meta"), LensBiasError, "never moves your model"),
