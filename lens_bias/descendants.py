@@ -426,7 +426,8 @@ def real_descendants(
     """Fingerprint ``model`` and its descendants (int8, 4-bit, pruned, LoRA delta, fine-tune, merge) and random inits.
 
     Every descendant is expected related at p < 1e-10 and every random init unrelated (p ≥ 0.01), under the
-    analytic null with token inputs (IDs uniform below d_vocab, N ≪ V/4).
+    analytic null with token inputs (IDs uniform below d_vocab, N ≪ V/4) and m = ⌊ratio_k·D⌋ identity dims
+    (D/2 by default: see :class:`DescendantsConfig`).
 
     Args:
         model: the base, a TransformerLens model with ``model.tokenizer`` (or pass ``data``); not modified.
