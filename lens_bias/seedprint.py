@@ -1,7 +1,7 @@
 """SeedPrint: tell whether two models share an initialisation, from the bias they were born with.
 
-The algorithm is the SeedPrints camera-ready one (``../shared/reference/seedprint.md``): the same N random inputs
-go through both models; the features are the final normalized hidden states at the last position. The *identity
+The algorithm is the SeedPrints camera-ready one (Tong et al., arXiv 2509.26404): the same N random inputs go
+through both models; the features are the final normalized hidden states at the last position. The *identity
 dimensions* are the m dimensions with the smallest mean over inputs (intersected across the two models in
 "coset" mode). Each row is softmaxed over those dimensions at temperature 10, and for every identity dimension
 Kendall's τ-b between the two models is taken across the inputs. The mean τ̄ is tested against the analytic null
