@@ -88,7 +88,11 @@ def ablate(
     Args:
         model: any TransformerLens model; interventions are attached only for each pass.
         conditions: names from ``CONDITIONS`` (default: all that apply), or ``{name: [interventions]}``.
-        inputs, n_sequences, seq_len, seed, batch_size: as in :func:`lens_bias.analyze`.
+        inputs: as in :func:`lens_bias.analyze`.
+        n_sequences: as in :func:`lens_bias.analyze`.
+        seq_len: as in :func:`lens_bias.analyze`.
+        seed: as in :func:`lens_bias.analyze`.
+        batch_size: as in :func:`lens_bias.analyze`.
         progress: a progress bar over conditions.
 
     Returns:

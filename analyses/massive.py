@@ -198,7 +198,8 @@ def massive_activations(
         top: entries kept per sequence and layer (Sun et al. plot the top 3).
         massive_abs: the absolute threshold of the rule.
         massive_ratio: the threshold relative to the layer's median |h|.
-        batch_size, progress: as in :meth:`lens_bias.ModelAdapter.collect`.
+        batch_size: as in :meth:`lens_bias.adapter.ModelAdapter.collect`.
+        progress: as in :meth:`lens_bias.adapter.ModelAdapter.collect`.
 
     Returns:
         A :class:`MassiveActivationsResult`.
@@ -254,7 +255,8 @@ def massive_ablation(
         layer: the block whose output is edited (default: the onset layer).
         dims: the residual dimensions to edit (default: the massive ones at ``layer`` and ``positions``).
         positions: the token positions to edit.
-        batch_size, progress: as in :func:`lens_bias.perplexity.perplexity`.
+        batch_size: as in :func:`lens_bias.perplexity.perplexity`.
+        progress: as in :func:`lens_bias.perplexity.perplexity`.
 
     Returns:
         A :class:`~lens_bias.perplexity.PerplexityTable` with conditions baseline, zero, mean.

@@ -135,7 +135,8 @@ def super_weights(
         top: candidates in the table.
         interventions: edits attached for the pass, e.g. removing the super weights found so far (Yu et al.
             repeat until no spike is left).
-        batch_size, progress: as in :meth:`lens_bias.ModelAdapter.collect`.
+        batch_size: as in :meth:`lens_bias.adapter.ModelAdapter.collect`.
+        progress: as in :meth:`lens_bias.adapter.ModelAdapter.collect`.
 
     Returns:
         A :class:`SuperWeightsResult`.
@@ -203,7 +204,8 @@ def super_weight_table(
         eval_tokens: held-out token IDs ``[m, seq2]`` whose perplexity is measured.
         n_random: how many random weights the last control removes.
         seed: seed of the random control.
-        batch_size, progress: as in :func:`lens_bias.perplexity.perplexity`.
+        batch_size: as in :func:`lens_bias.perplexity.perplexity`.
+        progress: as in :func:`lens_bias.perplexity.perplexity`.
 
     Returns:
         A :class:`~lens_bias.perplexity.PerplexityTable`.

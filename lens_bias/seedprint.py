@@ -615,7 +615,10 @@ def calibrate(
     Args:
         factory: ``seed -> model``, e.g. ``lambda s: lens_bias.random_init("llama", d_model=128, seed=s)``.
         inputs: "tokens", "embeddings" or both.
-        n, seq_len, seed, vocab: as in :func:`fingerprint`.
+        n: as in :func:`fingerprint`.
+        seq_len: as in :func:`fingerprint`.
+        seed: as in :func:`fingerprint`.
+        vocab: as in :func:`fingerprint`.
         n_pairs: independent model pairs.
         nulls: which nulls to calibrate.
         n_null: fresh inits in the seeds null.
