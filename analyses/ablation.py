@@ -20,6 +20,7 @@ from lens_bias.adapter import ModelAdapter
 from lens_bias.analysis import Result, run_analyses
 from lens_bias.errors import LensBiasError
 from lens_bias.hooks import Intervention, OddActivation, SelfOnlyAttention, SwapActivation, UniformAttention
+from lens_bias.hooks.base import edit_records
 from lens_bias.inputs import Inputs, resolve_inputs
 
 from .contraction import Contraction
@@ -49,7 +50,7 @@ class AblationResult(Result):
     """Per condition and layer: inter/intra cosine; per condition: max/min p̄ and H(p̄)/log V."""
 
     table: pd.DataFrame  # tidy: condition, layer, hook, inter, intra, max_min_ratio, entropy_ratio
-    conditions: dict[str, list[str]]  # condition -> repr of its interventions
+    conditions: dict[str, list[dict[str, Any]]]  # condition -> its interventions, as Intervention.to_dict()
 
     def to_pandas(self) -> pd.DataFrame:
         return self.table.copy()
@@ -111,14 +112,14 @@ def ablate(
     data, spec = resolve_inputs(inputs, model=model, d_vocab=adapter.info.d_vocab, n_sequences=n_sequences, seq_len=seq_len, seed=seed)
     if spec.n < 2 or spec.seq_len < 2:
         raise LensBiasError(f"ablate needs at least 2 sequences of at least 2 tokens, got {spec.n} × {spec.seq_len}")
+    records = {k: edit_records(v) for k, v in chosen.items()}  # before the passes: unrecordable edits fail now
     frames = []
     for name, interventions in tqdm(chosen.items(), desc="ablations", disable=not progress):
-        hooks = [h for iv in interventions for h in iv.fwd_hooks(model)]
-        results = run_analyses(adapter, data, spec, [TokenPreference(), Contraction()], batch_size=batch_size, interventions=hooks, progress=False)
+        results = run_analyses(adapter, data, spec, [TokenPreference(), Contraction()], batch_size=batch_size, interventions=interventions, progress=False)
         frame = results["contraction"].to_pandas()[["layer", "hook", "inter", "intra"]]
         frame.insert(0, "condition", name)
         frame["max_min_ratio"] = results["token_preference"].max_min_ratio
         frame["entropy_ratio"] = results["token_preference"].entropy_ratio
         frames.append(frame)
     table = pd.concat(frames, ignore_index=True)
-    return AblationResult(table=table, conditions={k: [repr(iv) for iv in v] for k, v in chosen.items()})
+    return AblationResult(table=table, conditions=records)

@@ -19,7 +19,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from lens_bias.adapter import ModelAdapter, Probe, last_position
+from lens_bias.adapter import READOUT, ModelAdapter, Probe, last_position
 from lens_bias.analysis import Analysis, Result
 from lens_bias.inputs import InputSpec
 from lens_bias.stats import mean_pairwise_cosine, unit
@@ -88,7 +88,7 @@ class Contraction(Analysis):
         n_layers = adapter.info.n_layers
         labels = ["embed"] + [str(layer) for layer in range(n_layers)] + ["final"]
         hooks = ["blocks.0.hook_resid_pre"] + [f"blocks.{layer}.hook_resid_post" for layer in range(n_layers)]
-        return labels, hooks + ["ln_final.hook_normalized"]
+        return labels, hooks + [READOUT]
 
     def probes(self, adapter: ModelAdapter) -> list[Probe]:
         _, hooks = self._hooks(adapter)

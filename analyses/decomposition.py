@@ -25,16 +25,13 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from lens_bias.adapter import ModelAdapter, Probe, last_position
+from lens_bias.adapter import READOUT, ModelAdapter, Probe, last_position
 from lens_bias.analysis import Analysis, Result
 from lens_bias.errors import LensBiasError
 from lens_bias.inputs import InputSpec
 from lens_bias.stats import unit
 
 __all__ = ["Decomposition", "DecompositionResult", "components"]
-
-_READOUT = "ln_final.hook_normalized"
-
 
 def components(adapter: ModelAdapter) -> list[tuple[str, str]]:
     """``(component, hook)`` pairs whose sum is the residual stream after the last block."""
@@ -143,11 +140,11 @@ class Decomposition(Analysis):
 
     def probes(self, adapter: ModelAdapter) -> list[Probe]:
         hooks = [h for _, h in components(adapter)] + [self._target(adapter)]
-        return [self._probe(h) for h in hooks] + [last_position(_READOUT)]
+        return [self._probe(h) for h in hooks] + [last_position(READOUT)]
 
     def finalize(self, adapter: ModelAdapter, kept: Mapping[str, Tensor], spec: InputSpec) -> DecompositionResult:
         names, hooks = zip(*components(adapter))
-        seed = unit(unit(kept[last_position(_READOUT).key]).mean(0))
+        seed = unit(unit(kept[last_position(READOUT).key]).mean(0))
         values = torch.stack([kept[self._probe(h).key] for h in hooks]).double()  # [component, N, d(+1)]
         target = kept[self._probe(self._target(adapter)).key].double()
         if self.positions == "last":

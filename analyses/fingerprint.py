@@ -15,10 +15,10 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from lens_bias.adapter import ModelAdapter, Probe, last_position
+from lens_bias.adapter import READOUT, ModelAdapter, Probe, last_position
 from lens_bias.analysis import Analysis, Result
 from lens_bias.inputs import InputSpec
-from lens_bias.seedprint import READOUT, identity_dims
+from lens_bias.seedprint import identity_dims
 
 __all__ = ["FingerprintSection", "FingerprintSummary"]
 

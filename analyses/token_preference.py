@@ -19,13 +19,11 @@ from jaxtyping import Float, Int
 from scipy.stats import kendalltau
 from torch import Tensor
 
-from lens_bias.adapter import ModelAdapter, Probe, last_position
+from lens_bias.adapter import READOUT, ModelAdapter, Probe, last_position
 from lens_bias.analysis import Analysis, Result
 from lens_bias.inputs import InputSpec
 
-__all__ = ["TokenPreference", "TokenPreferenceResult", "READOUT_HOOK"]
-
-READOUT_HOOK = "ln_final.hook_normalized"
+__all__ = ["TokenPreference", "TokenPreferenceResult"]
 
 # Rows of logits computed at once: bounds memory at chunk × d_vocab floats.
 _LOGIT_CHUNK = 256
@@ -80,7 +78,7 @@ class TokenPreferenceResult(Result):
             {
                 "rank": range(1, len(order) + 1),
                 "token": order.tolist(),
-                "token_str": [self.token_strings[i] for i in order] if self.token_strings else [None] * len(order),
+                **({"token_str": [self.token_strings[i] for i in order]} if self.token_strings else {}),
                 "p_bar": self.p_bar[order].tolist(),
                 "ratio_to_uniform": (self.p_bar[order] * self.d_vocab).tolist(),
                 "mean_logit": self.mean_logits[order].tolist(),
@@ -101,7 +99,7 @@ class TokenPreferenceResult(Result):
     def summary(self) -> str:
         top = self.to_pandas().head(5)
         names = ", ".join(
-            f"{t if s is None else repr(s)} ({r:.1f}×)" for t, s, r in zip(top.token, top.token_str, top.ratio_to_uniform)
+            f"{t if s is None else repr(s)} ({r:.1f}×)" for t, s, r in zip(top.token, top.get("token_str", [None] * len(top)), top.ratio_to_uniform)
         )
         return (
             f"token preference over {self.n} random inputs (V = {self.d_vocab}):\n"
@@ -121,10 +119,10 @@ class TokenPreference(Analysis):
     top_k: int = 20  # rows of the favourites table
 
     def probes(self, adapter: ModelAdapter) -> list[Probe]:
-        return [last_position(READOUT_HOOK)]
+        return [last_position(READOUT)]
 
     def finalize(self, adapter: ModelAdapter, kept: Mapping[str, Tensor], spec: InputSpec) -> TokenPreferenceResult:
-        final = kept[last_position(READOUT_HOOK).key]  # [N, d_model]
+        final = kept[last_position(READOUT).key]  # [N, d_model]
         n = final.shape[0]
         half = n // 2
         d_vocab = adapter.info.d_vocab
@@ -157,4 +155,8 @@ def _token_strings(model: Any, d_vocab: int) -> list[str] | None:
     if tokenizer is None:
         return None
     known = min(len(tokenizer), d_vocab)  # models often pad d_vocab beyond the tokenizer's vocabulary
-    return list(tokenizer.convert_ids_to_tokens(list(range(known)))) + [f"<{i}>" for i in range(known, d_vocab)]
+    try:  # the text each token stands for (" the"), not the tokenizer's byte-level spelling ("Ġthe")
+        strings = list(tokenizer.batch_decode([[i] for i in range(known)]))
+    except Exception:  # noqa: BLE001 - a tokenizer that cannot decode single IDs: its own spelling
+        strings = list(tokenizer.convert_ids_to_tokens(list(range(known))))
+    return strings + [f"<{i}>" for i in range(known, d_vocab)]

@@ -17,16 +17,18 @@ from torch import Tensor
 
 from lens_bias.adapter import FwdHook
 
-from .base import Intervention
+from .base import Intervention, replaces
 
 __all__ = ["SelfOnlyAttention", "UniformAttention"]
 
 
+@replaces
 def _identity_pattern(pattern: Tensor, hook: Any) -> Tensor:
     q, k = pattern.shape[-2:]
     return torch.eye(q, k, dtype=pattern.dtype, device=pattern.device).expand_as(pattern)
 
 
+@replaces
 def _uniform_causal_pattern(pattern: Tensor, hook: Any) -> Tensor:
     q, k = pattern.shape[-2:]
     causal = torch.ones(q, k, dtype=pattern.dtype, device=pattern.device).tril()

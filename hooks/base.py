@@ -4,6 +4,12 @@ An intervention knows which hook points it needs and returns TL hook functions f
 model and no tensors, so one object can be reused across models, saved with ``to_dict`` and restored with
 ``Intervention.from_dict``. Interventions compose with ``a + b`` (or a list), and attach through scoped
 contexts only: :func:`intervene`, or TL's own ``model.run_with_hooks(x, fwd_hooks=iv.fwd_hooks(model))``.
+
+Composition is ordered: on a shared hook point the hooks run in the order the interventions are listed, each
+reading what the one before returned. A hook declares what it does with the value that reaches it (:func:`reads`,
+:func:`replaces`; by default it edits it), and composing refuses an order that would drop an edit silently: a
+hook that replaces a value another intervention already edited, or an edit of a value another intervention
+already read (that one would have used the unedited value).
 """
 
 from __future__ import annotations
@@ -11,17 +17,34 @@ from __future__ import annotations
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
-from typing import Any, Iterator, Mapping, Sequence, Union
+from typing import Any, Iterator, Mapping, Sequence, TypeVar, Union
 
 from torch import Tensor
 
 from lens_bias.adapter import FwdHook, HookFn, ModelAdapter
 from lens_bias.errors import LensBiasError
 
-__all__ = ["Intervention", "Compose", "intervene", "as_hooks"]
+__all__ = ["Intervention", "Compose", "intervene", "as_hooks", "edit_hooks", "edit_records", "reads", "replaces"]
 
 _REGISTRY: dict[str, type["Intervention"]] = {}
 _STARTED = "<forward started>"
+
+# What a hook does with the activation that reaches it; unmarked hooks edit it.
+READS, EDITS, REPLACES = "reads", "edits", "replaces"
+_ROLE = "_lens_bias_role"
+_Fn = TypeVar("_Fn", bound=HookFn)
+
+
+def reads(fn: _Fn) -> _Fn:
+    """Mark a hook function that only reads its activation (returns None), for the composition check."""
+    setattr(fn, _ROLE, READS)
+    return fn
+
+
+def replaces(fn: _Fn) -> _Fn:
+    """Mark a hook function whose output ignores the activation that reaches it, for the composition check."""
+    setattr(fn, _ROLE, REPLACES)
+    return fn
 
 
 @dataclass(frozen=True)
@@ -33,6 +56,16 @@ class Intervention:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        if cls.__name__.startswith("_"):  # private helpers are never serialised on their own
+            return
+        known = _REGISTRY.get(cls.__name__)
+        # The same class defined again (a module reload) replaces itself; another class of that name is refused,
+        # since from_dict finds a class by its name alone.
+        if known is not None and (known.__module__, known.__qualname__) != (cls.__module__, cls.__qualname__):
+            raise LensBiasError(
+                f"an intervention named {cls.__name__!r} is already registered ({known.__module__}.{known.__qualname__}); "
+                f"from_dict finds classes by name: give {cls.__module__}.{cls.__qualname__} another name"
+            )
         _REGISTRY[cls.__name__] = cls
 
     def __post_init__(self) -> None:
@@ -108,7 +141,7 @@ class Compose(Intervention):
         object.__setattr__(self, "parts", tuple(self.parts))
 
     def fwd_hooks(self, model: Any) -> list[FwdHook]:
-        return [hook for part in self.parts for hook in part.fwd_hooks(model)]
+        return as_hooks(model, self.parts)
 
     def parameters(self, model: Any) -> list[Any]:
         return [p for part in self.parts for p in part.parameters(model)]
@@ -120,16 +153,87 @@ class Compose(Intervention):
 InterventionLike = Union[Intervention, Sequence[Intervention]]
 
 
-def as_hooks(model: Any, interventions: Sequence[InterventionLike]) -> list[FwdHook]:
-    """Forward hooks of several interventions (or lists of them), in order."""
+def _flatten(interventions: Sequence[InterventionLike]) -> list[Intervention]:
     flat: list[Intervention] = []
     for item in interventions:
         items = [item] if isinstance(item, Intervention) else list(item)
         for iv in items:
             if not isinstance(iv, Intervention):
                 raise TypeError(f"expected lens_bias.hooks interventions, got {type(iv).__name__}")
-            flat.append(iv)
-    return [hook for iv in flat for hook in iv.fwd_hooks(model)]
+            flat += _flatten(iv.parts) if isinstance(iv, Compose) else [iv]
+    return flat
+
+
+def _check_order(name: str, role: str, owner: str, earlier: list[tuple[str, str]]) -> None:
+    """Refuse a hook of ``owner`` on ``name`` that would drop what earlier interventions did there."""
+    for earlier_role, earlier_owner in earlier:
+        if role == REPLACES and earlier_role != READS:
+            raise LensBiasError(
+                f"{owner} replaces {name} without reading it, so {earlier_owner}'s edit there, attached before it, "
+                f"would be lost: list {owner} first ({owner} + {earlier_owner}) to edit its output"
+            )
+        if role != READS and earlier_role == READS:
+            raise LensBiasError(
+                f"{owner} edits {name} after {earlier_owner} read it there, so {earlier_owner} would use the "
+                f"unedited value: list {owner} first ({owner} + {earlier_owner})"
+            )
+
+
+def as_hooks(model: Any, interventions: Sequence[InterventionLike]) -> list[FwdHook]:
+    """Forward hooks of several interventions (or lists of them), in order; see the module docstring on order.
+
+    Raises:
+        LensBiasError: if a hook would drop an earlier intervention's edit, or edit what an earlier one read.
+    """
+    return edit_hooks(model, interventions, raw=False)
+
+
+Edit = Union[Intervention, Sequence[Intervention], FwdHook]
+
+
+def _is_raw(item: Any) -> bool:
+    return isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str) and callable(item[1])
+
+
+def edit_hooks(model: Any, edits: Sequence[Edit], *, raw: bool = True) -> list[FwdHook]:
+    """Forward hooks of interventions (or lists of them) and, with ``raw``, plain ``(hook_name, fn)`` pairs, in order.
+
+    Interventions are checked against each other as in :func:`as_hooks`; plain pairs are taken as they are.
+    """
+    hooks: list[FwdHook] = []
+    seen: dict[str, list[tuple[str, str]]] = {}  # hook name -> (role, owner) of the interventions before
+    for item in edits:
+        if raw and _is_raw(item):
+            hooks.append(item)  # type: ignore[arg-type]
+            continue
+        for iv in _flatten([item]):  # type: ignore[list-item]
+            own = iv.fwd_hooks(model)
+            owner = type(iv).__name__
+            for name, fn in own:
+                _check_order(name, getattr(fn, _ROLE, EDITS), owner, seen.get(name, []))
+            for name, fn in own:
+                seen.setdefault(name, []).append((getattr(fn, _ROLE, EDITS), owner))
+            hooks += own
+    return hooks
+
+
+def edit_records(edits: Sequence[Edit]) -> list[dict[str, Any]]:
+    """What a result records of the edits it was measured under: each intervention's ``to_dict()``, in order.
+
+    A plain ``(hook_name, fn)`` pair is recorded as ``{"type": "fwd_hook", "hook": hook_name}`` (a function cannot
+    be serialised).
+    """
+    out: list[dict[str, Any]] = []
+    for item in edits:
+        if _is_raw(item):
+            out.append({"type": "fwd_hook", "hook": item[0]})  # type: ignore[index]
+        elif isinstance(item, Intervention):
+            out.append(item.to_dict())
+        elif isinstance(item, (list, tuple)):
+            out += edit_records(item)
+        else:
+            raise TypeError(f"expected lens_bias.hooks interventions or (hook_name, fn) pairs, got {type(item).__name__}")
+    return out
 
 
 @contextmanager

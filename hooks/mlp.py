@@ -3,8 +3,9 @@ activation, or subtract the shared component directly.
 
 All three act at ``blocks.L.mlp.hook_post`` (the down-projection's input, a live edit point on TL 3 and on TL 4
 bridges). OddActivation and SwapActivation recompute it from ``mlp.hook_pre`` (the gate pre-activation in gated
-MLPs, where the up-projection ``mlp.hook_pre_linear`` multiplies it), read in the same forward pass. Every edit is
-differentiable, so they can stay attached during training.
+MLPs, where the up-projection ``mlp.hook_pre_linear`` multiplies it), read in the same forward pass: they replace
+``hook_post``, so an edit of it composes after them (``OddActivation() + MeanCenterMLP()``), never before. Every
+edit is differentiable, so they can stay attached during training.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from torch import Tensor
 from lens_bias.adapter import FwdHook
 from lens_bias.errors import LensBiasError
 
-from .base import Intervention
+from .base import Intervention, reads, replaces
 
 __all__ = ["OddActivation", "MeanCenterMLP", "SwapActivation", "ACTIVATION_FUNCTIONS"]
 
@@ -57,11 +58,13 @@ def _recompute_hooks(model: Any, layer: int, fn: Activation) -> list[FwdHook]:
     seen: dict[str, Tensor] = {}
 
     def keep(name: str) -> Callable[[Tensor, Any], None]:
+        @reads
         def hook_fn(x: Tensor, hook: Any) -> None:
             seen[name] = x
 
         return hook_fn
 
+    @replaces
     def replace(post: Tensor, hook: Any) -> Tensor:
         out = fn(seen.pop("pre"))
         return out * seen.pop("linear") if gated else out

@@ -8,7 +8,8 @@ Positions are 0-based, as in TransformerLens tensors: the first token is positio
   position k. Spreads token k's attention output across sequences like the first token's.
 - ScaleNorm(position=k, factor=λ): o_k ← λ·o_k, the control: a larger norm but the same *relative* spread.
 - HeadwiseRMSNorm(gain=True): RMS-normalise every head's aggregated output at ``attn.hook_z`` (before W_O), so
-  every position's per-head output has the same scale whatever the number of values it averaged.
+  every position's per-head output has the same scale whatever the number of values it averaged; its learnable
+  gains are made for one model with ``HeadwiseRMSNorm().bind(model)``.
 
 All four hook points are live edit points on TL 3 and on TL 4 bridges (native and HF-built; ``hook_z`` is the
 input of the output projection there): tests check each edit against a direct computation.
@@ -16,7 +17,7 @@ input of the output projection there): tests check each edit against a direct co
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -126,20 +127,20 @@ class ScaleNorm(_EditAtPosition):
 class HeadwiseRMSNorm(Intervention):
     """RMS-normalise each head's aggregated output z (per head, over d_head, before W_O), times a gain.
 
-    With ``gain=True`` every (layer, head) owns a gain vector over d_head, initialised to 1 and created for the
-    model the first time the hooks (or :meth:`parameters`) are made; ``lens_bias.train`` trains it with the
-    model, and ``to_dict`` carries its values.
+    With ``gain=True`` every (layer, head) owns a gain vector over d_head. The gains are made for one model,
+    explicitly: :meth:`bind` returns a copy holding them (ones of shape [n_layers, n_heads, d_head] on the model's
+    device); ``lens_bias.train`` trains them with the model, and ``to_dict`` carries their values.
 
     >>> import lens_bias
     >>> m = lens_bias.random_init("gpt2", d_model=64, n_layers=2, n_heads=4, d_vocab=100, n_ctx=16)
-    >>> norm = HeadwiseRMSNorm()
+    >>> norm = HeadwiseRMSNorm().bind(m)
     >>> [tuple(p.shape) for p in norm.parameters(m)]
     [(2, 4, 16)]
     """
 
     gain: bool = True
     eps: float = 1e-6
-    # [n_layers, n_heads, d_head] learnable gains, made on first use; not part of equality.
+    # [n_layers, n_heads, d_head] learnable gains (see bind); not part of equality.
     weight: Any = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -152,29 +153,53 @@ class HeadwiseRMSNorm(Intervention):
             weight = self.weight if isinstance(self.weight, Tensor) else torch.tensor(self.weight, dtype=torch.float32)
             object.__setattr__(self, "weight", torch.nn.Parameter(weight.detach().clone()))
 
-    def _bind(self, model: Any) -> Tensor | None:
-        if not self.gain:
-            return None
+    @staticmethod
+    def _shape(model: Any) -> tuple[int, int, int]:
         cfg = model.cfg
-        shape = (int(cfg.n_layers), int(cfg.n_heads), int(getattr(cfg, "d_head", 0) or cfg.d_model // cfg.n_heads))
-        param = next(model.parameters())
+        return int(cfg.n_layers), int(cfg.n_heads), int(getattr(cfg, "d_head", 0) or cfg.d_model // cfg.n_heads)
+
+    def bind(self, model: Any) -> "HeadwiseRMSNorm":
+        """This intervention with gains for ``model``: new ones (all 1), or the ones it holds, on the model's device.
+
+        Returns ``self`` when it already holds gains of the right shape on that device (training goes on with the
+        same tensor); a copy otherwise. Without gains (``gain=False``) there is nothing to bind: ``self``.
+        """
+        if not self.gain:
+            return self
+        shape, device = self._shape(model), next(model.parameters()).device
         if self.weight is None:
-            object.__setattr__(self, "weight", torch.nn.Parameter(torch.ones(shape, device=param.device)))
-        elif tuple(self.weight.shape) != shape:
+            return replace(self, weight=torch.ones(shape, device=device))
+        self._check_shape(shape)
+        return self if self.weight.device == device else replace(self, weight=self.weight.detach().to(device))
+
+    def _check_shape(self, shape: tuple[int, int, int]) -> None:
+        if tuple(self.weight.shape) != shape:
             raise LensBiasError(
                 f"HeadwiseRMSNorm holds gains of shape {tuple(self.weight.shape)} but the model needs {shape} "
-                "(n_layers, n_heads, d_head): make a new HeadwiseRMSNorm() for this model"
+                "(n_layers, n_heads, d_head): make a new HeadwiseRMSNorm().bind(model) for this model"
             )
-        elif self.weight.device != param.device:
-            self.weight.data = self.weight.data.to(param.device)
+
+    def _gains(self, model: Any) -> Tensor | None:
+        """The gains, checked against ``model``; never made or moved here (that is :meth:`bind`)."""
+        if not self.gain:
+            return None
+        if self.weight is None:
+            raise LensBiasError(
+                "HeadwiseRMSNorm(gain=True) holds no gains yet: make them for the model with "
+                "norm = HeadwiseRMSNorm().bind(model), or use HeadwiseRMSNorm(gain=False)"
+            )
+        self._check_shape(self._shape(model))
+        device = next(model.parameters()).device
+        if self.weight.device != device:
+            raise LensBiasError(f"HeadwiseRMSNorm's gains are on {self.weight.device}, the model on {device}: norm = norm.bind(model)")
         return self.weight
 
     def parameters(self, model: Any) -> list[torch.nn.Parameter]:
-        weight = self._bind(model)
+        weight = self._gains(model)
         return [] if weight is None else [weight]
 
     def layer_hooks(self, model: Any, layer: int) -> list[FwdHook]:
-        weight, eps = self._bind(model), float(self.eps)
+        weight, eps = self._gains(model), float(self.eps)
 
         def hook_fn(z: Tensor, hook: Any) -> Tensor:  # [batch, pos, head, d_head]
             normed = z * torch.rsqrt(z.float().pow(2).mean(dim=-1, keepdim=True) + eps).to(z.dtype)

@@ -15,11 +15,12 @@ from torch import Tensor
 from lens_bias.adapter import FwdHook, ModelAdapter
 from lens_bias.errors import LensBiasError
 
-from .base import Intervention
+from .base import Intervention, replaces
 
 __all__ = ["ZeroSublayer", "SubtractPositionEmbedding"]
 
 
+@replaces
 def _zero(x: Tensor, hook: Any) -> Tensor:
     return torch.zeros_like(x)
 

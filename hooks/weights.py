@@ -8,8 +8,8 @@ which is exactly the output of the same MLP with that one weight zeroed (biases 
 live on TL 3 and on TL 4 bridges; tests compare against a copy of the model with the weights really zeroed.
 
 The weight is read at every forward pass, so the edit follows a model that is being trained (and the removed
-weight then receives no gradient through the MLP output). Attach other edits of ``mlp.hook_post`` *before* this
-one: the captured activation is the one at the moment its hook runs.
+weight then receives no gradient through the MLP output). Other edits of ``mlp.hook_post`` go *before* this one
+(composing refuses them after it): the captured activation is the one at the moment its hook runs.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from torch import Tensor
 from lens_bias.adapter import FwdHook, ModelAdapter
 from lens_bias.errors import LensBiasError
 
-from .base import Intervention
+from .base import Intervention, reads
 
 __all__ = ["RemoveWeight", "RemoveWeights"]
 
@@ -74,6 +74,7 @@ def _removal_hooks(model: Any, weights: Sequence[Coordinate], owner: str) -> lis
 def _layer_hooks(mlp: Any, layer: int, rows: Tensor, cols: Tensor, owner: str) -> list[FwdHook]:
     captured: dict[str, Tensor] = {}
 
+    @reads
     def capture(post: Tensor, hook: Any) -> None:  # [batch, pos, d_mlp]
         captured["a"] = post[..., cols.to(post.device)]
 

@@ -25,12 +25,15 @@ from . import _tl
 from .errors import LensBiasError
 from .inputs import Inputs, RandomEmbeddings
 
-__all__ = ["ModelAdapter", "ModelInfo", "Probe", "HookFn", "FwdHook", "last_position"]
+__all__ = ["ModelAdapter", "ModelInfo", "Probe", "HookFn", "FwdHook", "last_position", "READOUT"]
 
 logger = logging.getLogger(__name__)
 
 HookFn = Callable[..., Union[Tensor, None]]  # TransformerLens hook signature: fn(activation, hook) -> tensor | None
 FwdHook = tuple[str, HookFn]
+
+# The readout: the final norm's output, what the unembedding reads (token preference, fingerprints, contraction).
+READOUT = "ln_final.hook_normalized"
 
 # Memory budgets for the default batch size: tokens in flight, and floats in one layer's attention pattern.
 _TOKENS_PER_BATCH = 2**15
@@ -41,7 +44,8 @@ _PATTERN_FLOATS_PER_BATCH = 2**26
 class Probe:
     """Read one hook point: ``fn`` reduces the activation ``[batch, ...]`` to what is kept, ``[batch, ...]``.
 
-    Probes with the same ``key`` are computed once, so two analyses asking for the same reduction share it.
+    Probes with the same ``key`` are computed once, so two analyses asking for the same reduction share it; a key
+    therefore names one reduction, and two probes with one key and different functions are refused.
     """
 
     hook: str
@@ -51,6 +55,33 @@ class Probe:
     @property
     def key(self) -> str:
         return f"{self.hook}:{self.reduction}"
+
+
+def _same_reduction(f: Callable[..., Any], g: Callable[..., Any]) -> bool:
+    """One function, or closures of one definition over equal values (two ``last_position(hook)`` probes)."""
+    if f is g:
+        return True
+    code = getattr(f, "__code__", None)
+    if code is None or code is not getattr(g, "__code__", None):
+        return False
+    try:
+        cells_f, cells_g = (tuple(c.cell_contents for c in h.__closure__ or ()) for h in (f, g))
+        return bool(f.__defaults__ == g.__defaults__ and cells_f == cells_g)  # type: ignore[attr-defined]
+    except (RuntimeError, TypeError, ValueError):  # values without a plain ==, e.g. tensors: not provably equal
+        return False
+
+
+def _unique_probes(probes: Sequence[Probe]) -> dict[str, Probe]:
+    unique: dict[str, Probe] = {}
+    for probe in probes:
+        kept = unique.setdefault(probe.key, probe)
+        if not _same_reduction(kept.fn, probe.fn):
+            raise LensBiasError(
+                f"two probes share the key {probe.key!r} but reduce with different functions "
+                f"({getattr(kept.fn, '__qualname__', kept.fn)!r}, {getattr(probe.fn, '__qualname__', probe.fn)!r}); "
+                "only one would be computed: give one of them another reduction name"
+            )
+    return unique
 
 
 def last_position(hook: str) -> Probe:
@@ -221,7 +252,7 @@ class ModelAdapter:
         probes: Sequence[Probe],
         *,
         batch_size: int | None = None,
-        interventions: Sequence[FwdHook] = (),
+        interventions: Sequence[Any] = (),
         progress: bool = True,
         desc: str = "lens_bias",
     ) -> dict[str, Float[Tensor, "n ..."]]:
@@ -233,18 +264,22 @@ class ModelAdapter:
 
         Args:
             inputs: token IDs ``[n, seq]``, embeddings ``[n, seq, d_model]`` or :class:`RandomEmbeddings`.
-            probes: what to read; probes sharing a key are computed once.
+            probes: what to read; probes sharing a key are computed once (one key, one reduction).
             batch_size: sequences per forward pass (default: :meth:`default_batch_size`).
-            interventions: extra ``(hook_name, fn)`` forward hooks that edit the pass (e.g. from lens_bias.hooks).
+            interventions: edits of the pass: lens_bias.hooks interventions (or lists of them, composed in order as
+                in :func:`lens_bias.hooks.as_hooks`) and plain ``(hook_name, fn)`` forward hooks.
             progress: show a tqdm bar over batches.
             desc: label of the progress bar.
 
         Returns:
             ``{probe.key: tensor[n, ...]}``.
         """
-        unique = {p.key: p for p in probes}
+        from .hooks.base import edit_hooks  # lens_bias.hooks builds on this module
+
+        unique = _unique_probes(probes)
         self.check_inputs(inputs)
-        self.require({p.hook for p in unique.values()} | {name for name, _ in interventions}, "this analysis")
+        edits = edit_hooks(self.model, interventions)
+        self.require({p.hook for p in unique.values()} | {name for name, _ in edits}, "this analysis")
         n, seq_len = inputs.shape[0], inputs.shape[1]
         if batch_size is None:
             batch_size = self.default_batch_size(seq_len)
@@ -289,7 +324,7 @@ class ModelAdapter:
         fwd_hooks: list[FwdHook] = []
         if is_embedding:
             fwd_hooks.append(("hook_embed", make_counted("hook_embed", replace_embedding)))
-        fwd_hooks += [(name, make_counted(name, fn)) for name, fn in interventions]
+        fwd_hooks += [(name, make_counted(name, fn)) for name, fn in edits]
         fwd_hooks += [(name, make_probe_hook(name, group)) for name, group in by_hook.items()]
 
         was_training = self.model.training
@@ -318,7 +353,7 @@ class ModelAdapter:
         finally:
             if was_training:
                 self.model.train()
-        edited = ({"hook_embed"} if is_embedding else set()) | {name for name, _ in interventions}
+        edited = ({"hook_embed"} if is_embedding else set()) | {name for name, _ in edits}
         silent = self._never_firing(edited - fired_ever, seq_len)
         if silent:
             raise LensBiasError(
@@ -342,7 +377,7 @@ class ModelAdapter:
         return sorted(names - fired)
 
     def unembed(self, resid: Float[Tensor, "batch d_model"]) -> Float[Tensor, "batch d_vocab"]:
-        """Logits from final normalized states (``ln_final.hook_normalized``), as float32.
+        """Logits from final normalized states (the :data:`READOUT` hook), as float32.
 
         Lets analyses compute logits at the readout position only, never ``[n, seq, d_vocab]``.
         """

@@ -12,7 +12,7 @@ from typing import Any, ClassVar, Mapping, Sequence
 import pandas as pd
 from torch import Tensor
 
-from .adapter import FwdHook, ModelAdapter, Probe
+from .adapter import ModelAdapter, Probe
 from .inputs import Inputs, InputSpec
 
 __all__ = ["Analysis", "Result", "run_analyses"]
@@ -71,10 +71,14 @@ def run_analyses(
     analyses: Sequence[Analysis],
     *,
     batch_size: int | None = None,
-    interventions: Sequence[FwdHook] = (),
+    interventions: Sequence[Any] = (),
     progress: bool = True,
 ) -> dict[str, Result]:
-    """Run every analysis on ``inputs`` with one shared batched forward pass; results by analysis name."""
+    """Run every analysis on ``inputs`` with one shared batched forward pass; results by analysis name.
+
+    ``interventions``: lens_bias.hooks interventions and/or ``(hook_name, fn)`` pairs attached for the pass, as in
+    :meth:`~lens_bias.adapter.ModelAdapter.collect`.
+    """
     probes = [p for a in analyses for p in a.probes(adapter)]
     kept = adapter.collect(inputs, probes, batch_size=batch_size, interventions=interventions, progress=progress)
     return {a.name: a.finalize(adapter, kept, spec) for a in analyses}

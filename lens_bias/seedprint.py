@@ -41,7 +41,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from . import _tl
-from .adapter import ModelAdapter, last_position
+from .adapter import READOUT, ModelAdapter, last_position
 from .errors import LensBiasError
 from .inputs import Inputs, RandomEmbeddings, random_tokens
 from .models import ModelSpec, random_init, redraw
@@ -51,7 +51,6 @@ __all__ = ["Fingerprint", "SeedPrintResult", "fingerprint", "test", "compare", "
 
 logger = logging.getLogger(__name__)
 
-READOUT = "ln_final.hook_normalized"
 NULLS = ("analytic", "empirical", "seeds")
 MODES = ("coset", "base")
 # Depth up to which the shared residual path makes the analytic null unsafe with embedding inputs (calibration:
@@ -68,7 +67,7 @@ FeaturesLike = Union["Fingerprint", Tensor, np.ndarray]
 class Fingerprint:
     """A model's SeedPrint features on a recorded set of random inputs; ``save`` once, compare many times."""
 
-    features: Float[Tensor, "n d_model"]  # float32 CPU: ln_final.hook_normalized at the last position
+    features: Float[Tensor, "n d_model"]  # float32 CPU: the READOUT hook (final norm output) at the last position
     inputs: dict[str, Any]  # kind, n, seq_len, seed, vocab / mean, std, and a digest of the exact inputs
     model: dict[str, Any]  # lens_bias ModelInfo of the fingerprinted model
     spec: dict[str, Any] | None = None  # lens_bias ModelSpec when lens_bias built the model (rebuilds the null)

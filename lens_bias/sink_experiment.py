@@ -158,8 +158,7 @@ def markdown_table(table: pd.DataFrame) -> str:
 def _run(model: Any, tokens: Tensor, analyses: Sequence[Analysis], interventions: Sequence[Intervention] = ()) -> dict[str, Result]:
     adapter = ModelAdapter(model)
     spec = InputSpec(kind="tokens", n=tokens.shape[0], seq_len=tokens.shape[1], seed=None)
-    hooks = [h for iv in interventions for h in iv.fwd_hooks(model)]
-    return run_analyses(adapter, tokens, spec, analyses, interventions=hooks, progress=False)
+    return run_analyses(adapter, tokens, spec, analyses, interventions=interventions, progress=False)
 
 
 def init_variance_table(cfg: SinkConfig, seeds: Sequence[int] = (0, 1)) -> pd.DataFrame:
@@ -253,13 +252,15 @@ def _training_row(name: str, run: TrainingRun, data: TokenData, seconds: float) 
 
 
 def train_sink_model(
-    cfg: SinkConfig, data: TokenData, interventions: Sequence[Intervention] = (), progress: bool = True, device: Union[str, torch.device, None] = None
+    cfg: SinkConfig, data: TokenData, interventions: Sequence[Intervention] = (), progress: bool = True, device: Union[str, torch.device, None] = None,
+    model: Any = None,
 ) -> tuple[Any, TrainingRun, float]:
     """Train ``cfg``'s model on ``data`` with a fixed first token; returns (model, run, seconds).
 
-    On CUDA the forward runs under bf16 autocast (weights and optimizer state stay float32).
+    ``model``: the init to train (default: ``random_init(cfg.model_spec())``), e.g. the one the interventions'
+    parameters were bound to. On CUDA the forward runs under bf16 autocast (weights and optimizer state stay float32).
     """
-    model = random_init(cfg.model_spec(), device=device)
+    model = random_init(cfg.model_spec(), device=device) if model is None else model
     dtype = torch.bfloat16 if torch.device(device or "cpu").type == "cuda" else None
     start = time.perf_counter()
     run = train(model, data, steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, weight_decay=cfg.weight_decay, data_seed=cfg.data_seed,
@@ -333,8 +334,9 @@ def run_sink_experiment(
             training_rows.append(_training_row("baseline", baseline_run, data, seconds))
         else:
             base_model = model
-        norm = HeadwiseRMSNorm(gain=True)
-        rms_model, rms_run, seconds = train_sink_model(cfg, data, interventions=[norm], progress=progress, device=device)
+        rms_model = random_init(cfg.model_spec(), device=device)
+        norm = HeadwiseRMSNorm(gain=True).bind(rms_model)
+        rms_model, rms_run, seconds = train_sink_model(cfg, data, interventions=[norm], progress=progress, device=device, model=rms_model)
         training_rows.append(_training_row("HeadwiseRMSNorm", rms_run, data, seconds))
         for name, m, ivs, run in (("baseline", base_model, [], baseline_run), ("HeadwiseRMSNorm", rms_model, [norm], rms_run)):
             sinks = trained_results["sinks"] if m is model else _run(m, tokens, [Sinks(eps=cfg.eps)], ivs)["sinks"]

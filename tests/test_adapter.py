@@ -94,3 +94,25 @@ def test_not_a_transformerlens_model():
         ModelAdapter(torch.nn.Linear(3, 3))
     with pytest.raises(TypeError, match="TransformerLens model"):
         lens_bias.analyze("gpt2")
+
+
+def test_interventions_are_taken_as_objects_and_a_probe_key_names_one_reduction():
+    from lens_bias.hooks import SelfOnlyAttention, intervene
+
+    model = tiny("gpt2", act_fn="relu")
+    tokens = random_tokens(5, 8, 97, seed=3)
+    adapter = ModelAdapter(model)
+    iv = SelfOnlyAttention(layers=[0])
+    key = f"{READOUT}:last"
+    by_object = adapter.collect(tokens, [last_position(READOUT)], interventions=[iv], progress=False)[key]
+    by_hooks = adapter.collect(tokens, [last_position(READOUT)], interventions=iv.fwd_hooks(model), progress=False)[key]
+    plain = adapter.collect(tokens, [last_position(READOUT)], progress=False)[key]
+    with torch.no_grad(), intervene(model, iv):
+        _, cache = model.run_with_cache(tokens)
+    assert torch.allclose(by_object, cache[READOUT][:, -1], atol=1e-6) and torch.equal(by_object, by_hooks)
+    assert not torch.allclose(by_object, plain, atol=1e-4)
+    twice = adapter.collect(tokens, [last_position(READOUT), last_position(READOUT)], progress=False)
+    assert list(twice) == [key]  # the same reduction, asked twice, computed once
+    clash = [last_position("blocks.0.hook_resid_post"), Probe("blocks.0.hook_resid_post", "last", lambda x: x[:, 0])]
+    with pytest.raises(LensBiasError, match="share the key 'blocks.0.hook_resid_post:last'"):
+        adapter.collect(tokens, clash, progress=False)

@@ -85,3 +85,27 @@ def test_decomposition_and_ablation_sections():
     assert report.ablations.final().loc["base", "inter"] == pytest.approx(report.contraction.inter[-1].item(), abs=1e-6)
     assert "ablations" in str(report) and "residual decomposition" in str(report)
     json.dumps(report.to_dict())
+
+
+def test_analyze_and_ablate_record_their_interventions_as_to_dict():
+    from lens_bias.hooks import Intervention, OddActivation, SelfOnlyAttention, intervene
+
+    model = tiny("gpt2", act_fn="relu")
+    tokens = lens_bias.random_tokens(8, 8, 97, seed=1)
+    iv = OddActivation(layers=[1])
+    report = lens_bias.analyze(model, inputs=tokens, interventions=[iv], sections=["token_preference"], progress=False)
+    assert report.to_dict()["interventions"] == [{"type": "OddActivation", "layers": [1]}]
+    assert [Intervention.from_dict(d) for d in report.interventions] == [iv]
+    assert "measured under: OddActivation" in str(report)
+    with torch.no_grad(), intervene(model, iv):
+        logits = model(tokens)[:, -1]
+    assert torch.allclose(report.token_preference.p_bar, logits.double().softmax(-1).mean(0), atol=1e-6)
+    assert lens_bias.analyze(model, inputs=tokens, sections=["token_preference"], progress=False).interventions == []
+    named = lens_bias.ablate(model, conditions=["base", "odd_mlp+self_only_attention"], inputs=tokens, progress=False)
+    assert named.conditions == {"base": [], "odd_mlp+self_only_attention": [OddActivation().to_dict(), SelfOnlyAttention().to_dict()]}
+    own = lens_bias.ablate(model, conditions={"odd@1": [iv]}, inputs=tokens, progress=False)
+    assert own.conditions == {"odd@1": [iv.to_dict()]}
+    assert own.final().loc["odd@1", "inter"] == pytest.approx(
+        lens_bias.analyze(model, inputs=tokens, interventions=[iv], sections=["contraction"], progress=False).contraction.inter[-1].item(), abs=1e-6)
+    with pytest.raises(LensBiasError, match="ablations=True"):
+        lens_bias.analyze(model, inputs=tokens, interventions=[iv], ablations=True, progress=False)

@@ -71,7 +71,7 @@ def test_scale_norm_scales_and_keeps_relative_spread(arch):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_headwise_rmsnorm_normalises_each_head_before_w_o(arch):
     model = tiny(arch)
-    norm = HeadwiseRMSNorm(gain=True)
+    norm = HeadwiseRMSNorm(gain=True).bind(model)
     with torch.no_grad():
         norm.parameters(model)[0][0, 1].fill_(2.0)  # a non-trivial gain on layer 0, head 1
         base, edited = cached(model), cached(model, norm)
@@ -97,10 +97,18 @@ def test_headwise_rmsnorm_without_gain_and_validation():
     assert torch.allclose(z.pow(2).mean(dim=-1), torch.ones(z.shape[:-1]), atol=2e-2)  # 1 but for eps = 1e-6
     with pytest.raises(LensBiasError, match="eps"):
         HeadwiseRMSNorm(eps=0)
-    bound = HeadwiseRMSNorm()
-    bound.parameters(model)
-    with pytest.raises(LensBiasError, match="make a new HeadwiseRMSNorm"):
-        bound.parameters(tiny("gpt2", n_heads=2))
+    unbound = HeadwiseRMSNorm()
+    for use in (unbound.parameters, unbound.fwd_hooks):
+        with pytest.raises(LensBiasError, match=r"no gains yet.*bind\(model\)"):
+            use(model)
+    assert unbound.weight is None, "a failed use must not bind it"
+    bound = unbound.bind(model)
+    assert bound is not unbound and bound.bind(model) is bound  # binding is explicit and idempotent
+    assert torch.equal(bound.parameters(model)[0], torch.ones(2, 4, 16))
+    other = tiny("gpt2", n_heads=2)
+    for use in (bound.parameters, bound.fwd_hooks, bound.bind):
+        with pytest.raises(LensBiasError, match="make a new HeadwiseRMSNorm"):
+            use(other)
 
 
 def test_headwise_rmsnorm_gains_serialise_and_train(tmp_path):
@@ -108,7 +116,7 @@ def test_headwise_rmsnorm_gains_serialise_and_train(tmp_path):
     docs = tuple(" ".join(words[i % 7 :] + words[: i % 7]) * 3 for i in range(40))
     data = TokenData.build(Corpus("sinks-test", docs, {}), vocab_size=300, seq_len=16, cache=tmp_path)
     model = lens_bias.random_init("gpt2", d_model=64, n_layers=2, n_heads=4, d_vocab=data.vocab_size, n_ctx=data.seq_len, seed=0)
-    norm = HeadwiseRMSNorm()
+    norm = HeadwiseRMSNorm().bind(model)
     before = state_copy(model)
     train(model, data, steps=3, batch_size=4, lr=1e-2, interventions=[norm], progress=False)
     gains = norm.parameters(model)[0]
