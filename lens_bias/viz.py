@@ -27,7 +27,7 @@ from .adapter import ModelAdapter, Probe
 from .errors import LensBiasError
 
 __all__ = [
-    "attention_view", "preferred_tokens_view", "variance_view", "save_html", "page_html", "figure_png", "plot", "show",
+    "attention_view", "preferred_tokens_view", "variance_view", "save_html", "page_html", "view_slot", "figure_png", "plot", "show",
     "plot_contraction", "plot_positional_variance", "plot_token_preference", "plot_lineage", "plot_sinks",
 ]
 
@@ -118,8 +118,28 @@ def variance_view(result: Any, layer: int = 0) -> Any:
     return colored_tokens(tokens=[f"t{t}" for t in range(len(r))], values=r.tolist(), min_value=0.0, max_value=1.0)
 
 
+def view_slot(name: str) -> str:
+    """A marker for ``page_html``'s ``body``: the view called ``name`` is drawn there instead of after the body."""
+    return f"<!--lens_bias view: {html.escape(name)}-->"
+
+
+_STYLE = (
+    "body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1240px;padding:0 1em;color:#222} "
+    "h1{margin-bottom:.2em} .meta{color:#555;margin-top:0} table{border-collapse:collapse;font-size:13px} "
+    "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right} th{background:#f3f3f3} "
+    "td:first-child,th:first-child{text-align:left} table.headline td:nth-child(2){text-align:left} "
+    ".row{display:flex;flex-wrap:wrap;gap:1.5em;align-items:flex-start} .row>figure{margin:0;flex:0 1 auto} "
+    ".row img{max-width:100%} .row>div{flex:1 1 360px;min-width:0;overflow-x:auto} figcaption{font-size:13px;color:#555} "
+    ".summary{white-space:pre-wrap;font-size:13px;color:#333;margin-bottom:.6em} details{margin:.6em 0} "
+    "summary{cursor:pointer;color:#225} section{border-top:1px solid #ddd;margin-top:1.5em}"
+)
+
+
 def page_html(views: Union[Mapping[str, Any], Sequence[Any]] = (), *, title: str = "lens_bias", body: str = "") -> str:
-    """One self-contained HTML page: ``body`` (your HTML), then every view, with the circuitsvis bundle inlined once."""
+    """One self-contained HTML page: ``body`` (your HTML), then every view, with the circuitsvis bundle inlined once.
+
+    A view whose :func:`view_slot` marker is in ``body`` is drawn at the marker; the others follow the body.
+    """
     named = dict(views) if isinstance(views, Mapping) else {f"view {i}": v for i, v in enumerate(views)}
     bundle, blocks, calls = None, [], []
     for name, view in named.items():
@@ -127,13 +147,16 @@ def page_html(views: Union[Mapping[str, Any], Sequence[Any]] = (), *, title: str
         if match is None:
             raise LensBiasError(f"{name!r} is not a circuitsvis RenderedHTML (no local_src with the bundle)")
         bundle = bundle or match["bundle"]
-        blocks.append(f'<h2>{html.escape(name)}</h2>\n<div id="{match["id"]}" style="margin: 15px 0;"></div>')
+        block = f'<h3>{html.escape(name)}</h3>\n<div id="{match["id"]}" style="margin: 15px 0;"></div>'
+        if view_slot(name) in body:
+            body = body.replace(view_slot(name), block)
+        else:
+            blocks.append(block.replace("<h3>", "<h2>").replace("</h3>", "</h2>"))
         calls.append(f"CircuitsVis.render({match['call']});")
     scripts = "" if bundle is None else f"<script>{bundle}</script>\n<script>\n" + "\n".join(calls) + "\n</script>"
     return (
         f'<!doctype html>\n<html><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
-        '<style>body{font-family:sans-serif;margin:2em;max-width:1200px} table{border-collapse:collapse;font-size:13px} '
-        "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}</style></head>\n"
+        f"<style>{_STYLE}</style></head>\n"
         f"<body>\n<h1>{html.escape(title)}</h1>\n{body}\n" + "\n".join(blocks) + f"\n{scripts}\n</body></html>\n"
     )
 
@@ -224,12 +247,19 @@ def plot_lineage(curve: pd.DataFrame) -> Any:
     return fig
 
 
+def _integer_ticks(ax: Any, n_rows: int, n_cols: int, most: int = 16) -> None:
+    """Integer ticks on a heatmap's cells (every k-th where there are many), not matplotlib's fractional ones."""
+    ax.set_xticks(range(0, n_cols, -(-n_cols // most)))
+    ax.set_yticks(range(0, n_rows, -(-n_rows // most)))
+
+
 def plot_sinks(result: Any, position: int = 0, eps: float | None = None) -> Any:
     """Sink rate of one key position as a layer × head heatmap."""
     fig = _figure()
     ax = fig.subplots()
     rate = result.rate_by_head(position, eps)
     image = ax.imshow(rate.numpy(), vmin=0, vmax=100, cmap="viridis", aspect="auto")
+    _integer_ticks(ax, *rate.shape)
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
     ax.set_title(f"Sink_{position} (%) at ε {result.eps if eps is None else eps}")

@@ -99,6 +99,15 @@ def test_report_page_renders_offline_in_chromium(report, model, tmp_path):
     for view_id in ids:  # each view's container now holds elements React drew, not just an empty div
         assert re.search(rf'<div id="{view_id}"[^>]*><[a-z]', dom), f"view {view_id} did not render"
     assert dom.count("<img") == 4 and "<table" in dom
+    # read like a figure page: headline numbers first, figures before the folded tables, the text summary last
+    assert re.findall(r"<h2>([^<]*)</h2>", dom)[:2] == ["Headline numbers", "Token preference"]
+    assert dom.index("Headline numbers") < dom.index("<img") < dom.index("<details>") < dom.index("<pre>")
+    assert "token_str" not in dom and "<td>None</td>" not in dom  # this model has no tokenizer: no empty column
     shot = tmp_path / "report.png"
     _chromium_offline(["--window-size=1280,2000", f"--screenshot={shot}", path.as_uri()])
     assert shot.exists() and shot.stat().st_size > 10_000
+
+
+def test_sink_heatmap_has_integer_ticks(report):
+    ax = report.sinks.plot(position=0).axes[0]
+    assert list(ax.get_xticks()) == [0, 1, 2, 3] and list(ax.get_yticks()) == [0, 1]

