@@ -198,32 +198,6 @@ def _fmt(value: Any) -> str:
     return f"{value:.4g}"
 
 
-_SECTION_TITLES = {
-    "token_preference": "Token preference", "contraction": "Contraction", "decomposition": "Residual decomposition",
-    "fingerprint": "SeedPrint fingerprint", "positional_variance": "Positional variance", "sinks": "Attention sinks",
-    "super_neurons": "Super neurons", "ablations": "Ablations",
-}
-_FIGURE_TITLES = {
-    "token_preference": "sorted V·p̄", "contraction": "contraction per layer", "positional_variance": "positional variance r_t",
-    "sinks": "first-token sink per layer and head", "ablations": "ablations per layer",
-}
-_VIEW_TITLES = {"token_preference": "preferred tokens (log10 V·p̄)", "positional_variance": "r_t = std_t / std_0 by position, layer 0"}
-# Section -> (headline key, label) of the numbers the page opens with.
-_HEADLINES = {
-    "token_preference": (("max_min_ratio", "max/min p̄"), ("uniform_ratio", "V·max p̄"), ("entropy_ratio", "H(p̄)/log V"), ("tau_halves", "τ halves")),
-    "contraction": (("inter_final", "inter (final norm)"), ("intra_final", "intra (final norm)"), ("energy_share_final", "energy along the seed direction")),
-    "positional_variance": (("alpha_out", "α of r_t, layer 0"),),
-    "sinks": (("sink_rate_0", "Sink_0 (%)"), ("first_token_share", "first-token share α_0"), ("norm_ratio_0_max", "max ‖h_0‖ / median ‖h_t‖")),
-    "super_neurons": (("top_unit_ratio", "top unit, first token vs elsewhere"), ("resid_max_over_median", "residual max/median |h|")),
-}
-
-
-def _fmt(value: Any) -> str:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return str(value)
-    return f"{value:.4g}"
-
-
 def _check_device(adapter: ModelAdapter, device: Union[str, torch.device, None]) -> None:
     if device is None:
         return
