@@ -38,8 +38,12 @@ def on_config(config):
 
 @event_priority(100)  # before mkdocs-jupyter turns .ipynb files into pages
 def on_files(files, config):
+    # mkdocs-jupyter reads a page's file through src_dir/src_uri, so the notebooks are laid out as real files
+    src_dir = ROOT / "build" / "docs_notebooks"
+    (src_dir / "notebooks").mkdir(parents=True, exist_ok=True)
     for source in sorted((ROOT / "examples").glob("[0-9][0-9]_*.ipynb")):
         executed = EXECUTED / source.name
         path = executed if executed.exists() and executed.stat().st_mtime >= source.stat().st_mtime else source
-        files.append(File.generated(config, f"notebooks/{source.name}", abs_src_path=str(path)))
+        shutil.copyfile(path, src_dir / "notebooks" / source.name)
+        files.append(File(f"notebooks/{source.name}", str(src_dir), config["site_dir"], config["use_directory_urls"]))
     return files

@@ -37,6 +37,9 @@ def run_notebook(path: Path):
     notebook = nbformat.read(path, as_version=4)
     assert all(not cell.get("outputs") for cell in notebook.cells if cell.cell_type == "code"), f"{path.name}: strip outputs"
     NotebookClient(notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(EXAMPLES)}}).execute()
+    executed = EXAMPLES.parent / "build" / "notebooks"  # the docs site renders this executed copy (docs/hooks.py)
+    executed.mkdir(parents=True, exist_ok=True)
+    nbformat.write(notebook, executed / path.name)
     return notebook
 
 
