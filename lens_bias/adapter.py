@@ -34,6 +34,7 @@ FwdHook = tuple[str, HookFn]
 
 # The readout: the final norm's output, what the unembedding reads (token preference, fingerprints, contraction).
 READOUT = "ln_final.hook_normalized"
+"""The readout hook: the final norm's output, what the unembedding reads."""
 
 # Memory budgets for the default batch size: tokens in flight, and floats in one layer's attention pattern.
 _TOKENS_PER_BATCH = 2**15
