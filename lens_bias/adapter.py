@@ -21,7 +21,7 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from . import _tl
+from . import _tl, memory
 from .errors import LensBiasError
 from .inputs import Inputs, RandomEmbeddings
 
@@ -36,9 +36,6 @@ FwdHook = tuple[str, HookFn]
 READOUT = "ln_final.hook_normalized"
 """The readout hook: the final norm's output, what the unembedding reads."""
 
-# Memory budgets for the default batch size: tokens in flight, and floats in one layer's attention pattern.
-_TOKENS_PER_BATCH = 2**15
-_PATTERN_FLOATS_PER_BATCH = 2**26
 
 
 @dataclass(frozen=True)
@@ -122,6 +119,42 @@ class ModelInfo:
 
 class _StopForward(Exception):
     """Raised inside the last probe hook to end a forward pass whose remaining layers nobody reads."""
+
+
+def _nonfinite(activation: Tensor, hook_name: str) -> Tensor:
+    """A 0-dim bool tensor: does ``activation`` hold a NaN or an inf? (no device sync; read once per batch)"""
+    if not activation.is_floating_point():
+        return torch.zeros((), dtype=torch.bool, device=activation.device)
+    if hook_name.endswith("hook_attn_scores"):  # the causal mask writes -inf there on purpose
+        return torch.isnan(activation).any() | torch.isposinf(activation).any()
+    return ~torch.isfinite(activation).all()
+
+
+def _raise_on_nonfinite(flags: Sequence[tuple[str, Tensor]], start: int, stop: int, dtype: str) -> None:
+    """Name the first probed hook of the batch whose activation was not finite."""
+    if not flags:
+        return
+    bad = torch.stack([flag.cpu() for _, flag in flags])
+    if not bad.any():
+        return
+    hook = flags[int(bad.nonzero()[0])][0]
+    cause = (
+        f"{dtype} overflowed: run the model in bfloat16 or float32" if dtype == "float16"
+        else "the weights or an intervention produced it: check the checkpoint (torch.isfinite on its parameters) and the edits"
+    )
+    raise LensBiasError(f"NaN/inf first appeared at hook {hook} (sequences {start}-{stop - 1}) with finite inputs; {cause}")
+
+
+def _check_kept(kept: Mapping[str, Sequence[Tensor]], batch: int, n: int) -> None:
+    """After the first batch: refuse before the kept values of all ``n`` sequences outgrow CPU memory."""
+    per_seq = sum(values[0].numel() * values[0].element_size() for values in kept.values() if values) / max(1, batch)
+    budget = memory.MEMORY_FRACTION * memory.available_bytes("cpu")
+    if per_seq * n > budget:
+        raise LensBiasError(
+            f"the probes keep {memory.format_bytes(per_seq)} per sequence: {n} sequences need about "
+            f"{memory.format_bytes(per_seq * n)} of CPU memory but only {memory.format_bytes(budget)} can be used; "
+            f"pass at most {int(budget // per_seq)} sequences, or probes that reduce more inside the hook"
+        )
 
 
 def _family(model: Any) -> str:
@@ -227,11 +260,12 @@ class ModelAdapter:
                 "(see model.hook_dict for what yours has)."
             )
 
-    def default_batch_size(self, seq_len: int) -> int:
-        """Sequences per forward pass that keep activations and one attention pattern within a few hundred MB."""
-        by_tokens = _TOKENS_PER_BATCH // seq_len
-        by_pattern = _PATTERN_FLOATS_PER_BATCH // (self.info.n_heads * seq_len * seq_len)
-        return max(1, min(by_tokens, by_pattern))
+    def default_batch_size(self, seq_len: int, n: int | None = None, *, logits: bool = False) -> int:
+        """Sequences per forward pass: the most whose estimated peak fits the device's free memory
+        (:func:`lens_bias.memory.plan_batch`); a :class:`LensBiasError` when not even one sequence fits."""
+        return memory.plan_batch(
+            self.info, n=n or memory.MAX_TOKENS_PER_BATCH, seq_len=seq_len, dtype=self.dtype, device=self.device, logits=logits
+        )
 
     # ---- running ------------------------------------------------------------------------------------------
 
@@ -246,6 +280,14 @@ class ModelAdapter:
             self.require(["hook_embed"], "embedding inputs")
             if inputs.shape[2] != self.info.d_model:
                 raise LensBiasError(f"embedding inputs have width {inputs.shape[2]}, the model's d_model is {self.info.d_model}")
+        if isinstance(inputs, Tensor) and inputs.is_floating_point():
+            bad = ~torch.isfinite(inputs)
+            if bad.any():
+                first = tuple(int(i) for i in bad.nonzero()[0])
+                raise LensBiasError(
+                    f"the input embeddings hold {int(bad.sum())} NaN/inf value(s), the first at index {first}; "
+                    "pass finite values (check how they were computed)"
+                )
 
     def collect(
         self,
@@ -282,9 +324,7 @@ class ModelAdapter:
         edits = edit_hooks(self.model, interventions)
         self.require({p.hook for p in unique.values()} | {name for name, _ in edits}, "this analysis")
         n, seq_len = inputs.shape[0], inputs.shape[1]
-        if batch_size is None:
-            batch_size = self.default_batch_size(seq_len)
-        elif isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
             raise LensBiasError(f"batch_size must be a positive int or None, got {batch_size!r}")
         is_embedding = not (isinstance(inputs, Tensor) and inputs.ndim == 2)
 
@@ -292,13 +332,21 @@ class ModelAdapter:
         for probe in unique.values():
             by_hook[probe.hook].append(probe)
         probe_hooks = set(by_hook)
+        # The pass runs through the unembedding only when no probe stops it earlier.
+        logits = not probe_hooks or any(h.startswith("unembed") for h in probe_hooks)
+        batch_size = memory.plan_batch(
+            self.info, n=n, seq_len=seq_len, dtype=self.dtype, device=self.device, logits=logits, batch_size=batch_size, what=desc
+        )
         kept: dict[str, list[Tensor]] = {key: [] for key in unique}
         fired_this_batch: set[str] = set()
         fired_ever: set[str] = set()
         current: dict[str, Tensor] = {}
+        # (hook, "has a NaN/inf" flag) per probed activation of the batch, in firing order: read once per batch.
+        finite_flags: list[tuple[str, Tensor]] = []
 
         def make_probe_hook(hook_name: str, group: list[Probe]) -> HookFn:
             def hook_fn(activation: Tensor, hook: Any) -> None:
+                finite_flags.append((hook_name, _nonfinite(activation, hook_name)))
                 for probe in group:
                     kept[probe.key].append(probe.fn(activation).detach().float().cpu())
                 fired_this_batch.add(hook_name)
@@ -342,6 +390,7 @@ class ModelAdapter:
                     else:
                         tokens = inputs[start:stop].to(self.device)
                     fired_this_batch.clear()
+                    finite_flags.clear()
                     try:
                         self.model(tokens)
                     except _StopForward:
@@ -351,6 +400,9 @@ class ModelAdapter:
                             f"hook point(s) {sorted(probe_hooks - fired_this_batch)} never fired during the forward "
                             f"pass of this {type(self.model).__name__}: they exist but are not on its computation path"
                         )
+                    _raise_on_nonfinite(finite_flags, start, stop, self.info.dtype)
+                    if start == 0:
+                        _check_kept(kept, stop - start, n)
         finally:
             if was_training:
                 self.model.train()

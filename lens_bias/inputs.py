@@ -192,6 +192,11 @@ class RandomEmbeddings:
         _check_count("d_model", self.d_model, 1)
         if self.seed < 0:
             raise LensBiasError(f"seed must be non-negative, got {self.seed}")
+        if not (np.isfinite(self.mean) and np.isfinite(self.std)):
+            raise LensBiasError(
+                f"embedding mean and std must be finite, got mean={self.mean}, std={self.std} "
+                "(random_embeddings reads them from the model's W_E: check its weights for NaN/inf)"
+            )
 
     def __len__(self) -> int:
         return self.n

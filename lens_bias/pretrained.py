@@ -98,6 +98,23 @@ def _check_gguf(path: Path) -> str:
     return arch
 
 
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hugging Face hub answers a TCP connection (always False with HF_HUB_OFFLINE=1)."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    host = urlparse(constants.ENDPOINT).hostname or "huggingface.co"
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+    except OSError:
+        return False
+    return True
+
+
 def load_hf(name_or_path: Union[str, Path]) -> tuple[Any, Any]:
     """The Hugging Face causal LM and tokenizer behind ``name_or_path`` (see :func:`pretrained`), float32, eval mode.
 
@@ -119,7 +136,9 @@ def load_hf(name_or_path: Union[str, Path]) -> tuple[Any, Any]:
     elif path.exists():
         raise LensBiasError(f"{path} is neither a .gguf file nor a Hugging Face model folder")
     else:
-        folder, arch = text, None  # a hub name: only works online
+        folder, arch = text, None  # a hub name: only works online (or from the local hub cache)
+        if not _hub_reachable():  # look in the cache only, instead of retrying the network for half a minute
+            kwargs["local_files_only"] = True
     try:
         hf = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager", dtype=torch.float32, **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)

@@ -21,6 +21,8 @@ import torch.nn.functional as F
 from einops import rearrange
 from tqdm.auto import tqdm
 
+from . import memory
+from ._io import atomic_save, load_torch_file
 from .adapter import ModelAdapter
 from .data import TokenData
 from .errors import LensBiasError
@@ -140,6 +142,9 @@ def train(
         raise LensBiasError(f"schedule must be 'cosine' or 'constant', got {schedule!r}")
     if checkpoint_every and checkpoint_dir is None:
         raise LensBiasError("checkpoint_every needs checkpoint_dir")
+    act_dtype = dtype if dtype is not None and adapter.device.type == "cuda" else adapter.dtype
+    n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    memory.check_train(adapter.info, batch_size=batch_size, seq_len=data.seq_len, n_params=n_params, device=adapter.device, act_dtype=act_dtype)
     warmup = min(200, steps // 10) if warmup is None else warmup
     eval_every = eval_every or max(1, steps // 4)
     device = adapter.device
@@ -163,28 +168,36 @@ def train(
         checkpoints.append(path)
 
     model.train()
-    with intervene(model, *interventions):
-        if checkpoint_every:
-            checkpoint(0)
-        for step in tqdm(range(steps), desc="train", disable=not progress):
-            rate = _lr(step, steps, lr, warmup, schedule)
-            for group in optimizer.param_groups:
-                group["lr"] = rate
-            with autocast:
-                loss = _loss(model, with_bos(data.train[order[step]], bos).to(device))
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, grad_clip)
-            optimizer.step()
-            losses.append({"step": step + 1, "loss": loss.item(), "lr": rate})
-            if (step + 1) % eval_every == 0 or step + 1 == steps:
-                model.eval()
+    try:
+        with intervene(model, *interventions):
+            if checkpoint_every:
+                checkpoint(0)
+            for step in tqdm(range(steps), desc="train", disable=not progress):
+                rate = _lr(step, steps, lr, warmup, schedule)
+                for group in optimizer.param_groups:
+                    group["lr"] = rate
                 with autocast:
-                    evals.append({"step": step + 1, "eval_loss": evaluate(model, held_out, device=device, bos=bos)})
-                model.train()
-            if checkpoint_every and (step + 1) % checkpoint_every == 0:
-                checkpoint(step + 1)
-    model.eval()
+                    loss = _loss(model, with_bos(data.train[order[step]], bos).to(device))
+                value = loss.item()
+                if not math.isfinite(value):  # before the update, so the weights stay those of the last finite step
+                    raise LensBiasError(
+                        f"the training loss is {value} at step {step + 1}: the weights or activations overflowed; lower lr "
+                        f"(now {lr}), keep grad_clip, or train in float32 / bfloat16 rather than float16"
+                    )
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(params, grad_clip)
+                optimizer.step()
+                losses.append({"step": step + 1, "loss": value, "lr": rate})
+                if (step + 1) % eval_every == 0 or step + 1 == steps:
+                    model.eval()
+                    with autocast:
+                        evals.append({"step": step + 1, "eval_loss": evaluate(model, held_out, device=device, bos=bos)})
+                    model.train()
+                if checkpoint_every and (step + 1) % checkpoint_every == 0:
+                    checkpoint(step + 1)
+    finally:  # after an error or a KeyboardInterrupt too: eval mode is back, and intervene's scope removed the hooks
+        model.eval()
     config = dict(steps=steps, batch_size=batch_size, lr=lr, weight_decay=weight_decay, warmup=warmup, schedule=schedule, grad_clip=grad_clip, data_seed=data_seed, corpus=data.corpus_name, seq_len=data.seq_len, bos=bos, interventions=[iv.to_dict() for iv in interventions])
     return TrainingRun(pd.DataFrame(losses), pd.DataFrame(evals), checkpoints, config)
 
@@ -194,7 +207,8 @@ def save_checkpoint(model: Any, path: Union[str, Path], **extra: Any) -> None:
     spec = getattr(model, "lens_bias_spec", None)
     if spec is None:
         raise LensBiasError("save_checkpoint needs a model built by lens_bias.random_init (it records model.lens_bias_spec)")
-    torch.save({"format": "lens_bias.checkpoint/1", "spec": spec.to_dict(), "state_dict": model.state_dict(), **extra}, path)
+    # Written under a temporary name and renamed: an interrupted save never leaves a partial checkpoint.
+    atomic_save({"format": "lens_bias.checkpoint/1", "spec": spec.to_dict(), "state_dict": model.state_dict(), **extra}, path)
 
 
 def load_checkpoint(path: Union[str, Path], *, device: Union[str, torch.device, None] = None) -> Any:
@@ -203,9 +217,10 @@ def load_checkpoint(path: Union[str, Path], *, device: Union[str, torch.device, 
     A llama / qwen2 checkpoint saved from a TL 4 bridge (Hugging Face weight layout) loads into the TL 3
     ``HookedTransformer`` that ``random_init`` builds there, and the other way round: the weights are converted.
     """
-    saved = torch.load(path, map_location="cpu", weights_only=True)
-    if saved.get("format") != "lens_bias.checkpoint/1":
-        raise LensBiasError(f"{path} is not a lens_bias checkpoint (write one with save_checkpoint)")
+    fix = "write one with `lens-bias train` or lens_bias.train.save_checkpoint"
+    saved = load_torch_file(path, "checkpoint", fix)
+    if saved.get("format") != "lens_bias.checkpoint/1" or not isinstance(saved.get("state_dict"), dict) or not isinstance(saved.get("spec"), dict):
+        raise LensBiasError(f"{path} is not a lens_bias checkpoint file; {fix}")
     spec = ModelSpec.from_dict(saved["spec"])
     model = random_init(spec, device=device)
     state = saved["state_dict"]
