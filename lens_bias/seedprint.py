@@ -41,6 +41,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from . import _tl
+from ._io import atomic_save, load_torch_file
 from .adapter import READOUT, ModelAdapter, last_position
 from .errors import LensBiasError
 from .inputs import Inputs, RandomEmbeddings, random_tokens
@@ -82,15 +83,25 @@ class Fingerprint:
         return self.features.shape[1]
 
     def save(self, path: Union[str, Path]) -> None:
-        """Write to ``path`` (a torch file holding only tensors and plain Python values)."""
-        torch.save({"format": "lens_bias.Fingerprint/1", **asdict(self)}, path)
+        """Write to ``path`` (a torch file holding only tensors and plain Python values).
+
+        The file is written under a temporary name and renamed, so an interrupted save never leaves a partial file.
+        """
+        atomic_save({"format": "lens_bias.Fingerprint/1", **asdict(self)}, path)
 
     @classmethod
     def load(cls, path: Union[str, Path]) -> "Fingerprint":
-        """Read a fingerprint written by :meth:`save`."""
-        data = torch.load(path, map_location="cpu", weights_only=True)
+        """Read a fingerprint written by :meth:`save`; a foreign, corrupt or non-finite file raises :class:`LensBiasError`."""
+        fix = "make one with `lens-bias fingerprint` or Fingerprint.save"
+        data = load_torch_file(path, "fingerprint", fix)
         if data.pop("format", None) != "lens_bias.Fingerprint/1":
-            raise LensBiasError(f"{path} is not a lens_bias fingerprint (write one with Fingerprint.save)")
+            raise LensBiasError(f"{path} is not a lens_bias fingerprint file; {fix}")
+        names = {f for f in cls.__dataclass_fields__}
+        features = data.get("features")
+        if not names >= set(data) or not isinstance(features, Tensor) or features.ndim != 2 or not features.is_floating_point():
+            raise LensBiasError(f"{path} is a damaged lens_bias fingerprint (fields {sorted(data)}); {fix}")
+        if not torch.isfinite(features).all():
+            raise LensBiasError(f"{path} holds NaN/inf features: the fingerprinted model overflowed or is broken; {fix} in float32 or bfloat16")
         return cls(**data)
 
 
@@ -287,6 +298,8 @@ def _as_features(x: FeaturesLike, name: str) -> Tensor:
     if isinstance(x, np.ndarray):
         x = torch.from_numpy(x)
     if isinstance(x, Tensor) and x.ndim == 2 and x.is_floating_point():
+        if not torch.isfinite(x).all():
+            raise LensBiasError(f"{name} holds NaN/inf features; fingerprint the model in float32 or bfloat16, or check its weights")
         return x.detach().float().cpu()
     raise TypeError(f"{name} must be a Fingerprint or a float [N, D] array/tensor, got {type(x).__name__}")
 
