@@ -29,7 +29,7 @@ def runnable_blocks(path: Path) -> list[tuple[int, str]]:
     lines = path.read_text(encoding="utf-8").splitlines()
     blocks = []
     for i, line in enumerate(lines):
-        if line.strip() != MARK:
+        if line != MARK:  # at the start of a line: an indented example of the mark (contributing.md) is not one
             continue
         fence = lines[i + 1] if i + 1 < len(lines) else ""
         assert fence.strip() == "```python", f"{path.name}:{i + 1}: {MARK} must stand right before a ```python fence"
