@@ -199,8 +199,11 @@ def plot_contraction(result: Any) -> Any:
         ax_inter.plot(range(len(rows)), rows.inter, marker="o", label=name)
         ax_intra.plot(range(len(rows)), rows.intra, marker="o", label=name)
         labels = list(rows.layer)
+    step = -(-len(labels) // 12)  # at most ~12 labels: deep models' layer names would overlap
+    shown = list(range(0, len(labels), step))
+    shown[-1] = len(labels) - 1  # the last ("final") is always labelled
     for ax, name in ((ax_inter, "inter-sequence cosine"), (ax_intra, "intra-sequence cosine")):
-        ax.set_xticks(range(len(labels)), labels)
+        ax.set_xticks(shown, [labels[i] for i in shown])
         ax.set_xlabel("layer")
         ax.set_title(name)
     ax_intra.legend(fontsize=7)
