@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 from jaxtyping import Float
+from scipy.stats import kendalltau
 from torch import Tensor
 
-__all__ = ["mean_pairwise_cosine", "unit"]
+__all__ = ["mean_pairwise_cosine", "unit", "kendall_tau_b", "kendall_tau_b_vectorised"]
 
 
 def unit(x: Float[Tensor, "... d"], eps: float = 1e-12) -> Float[Tensor, "... d"]:
@@ -75,11 +76,12 @@ def _strict_inversions(y: Tensor) -> Tensor:
 
 
 def kendall_tau_b(x: Float[Tensor, "n k"], y: Float[Tensor, "n k"]) -> Float[Tensor, "k"]:
-    """Kendall's τ-b between ``x[:, j]`` and ``y[:, j]`` for every column j at once, ties handled.
+    """Kendall's τ-b between ``x[:, j]`` and ``y[:, j]`` for every column j, ties handled.
 
-    The same quantity as ``scipy.stats.kendalltau(x[:, j], y[:, j]).statistic`` (Knight's O(n log n)
-    algorithm), on the tensors' device. Only order and equality of the values matter, so they are compared in
-    their own dtype; NaN where a column is constant.
+    The same quantity as ``scipy.stats.kendalltau(x[:, j], y[:, j]).statistic``, by the faster exact
+    implementation for the tensors' device: on CUDA all columns at once on the GPU (Knight's O(n log n)
+    algorithm, vectorised); elsewhere scipy's compiled per-column loop, which beats the vectorised one on CPU
+    cores. The two agree to 1e-9. Only order and equality of the values matter; NaN where a column is constant.
 
     >>> x = torch.tensor([[1.0, 1.0], [2.0, 2.0], [3.0, 2.0], [4.0, 3.0]])
     >>> y = torch.tensor([[1.0, 4.0], [3.0, 3.0], [2.0, 2.0], [4.0, 1.0]])
@@ -91,7 +93,33 @@ def kendall_tau_b(x: Float[Tensor, "n k"], y: Float[Tensor, "n k"]) -> Float[Ten
         y: ``[n, k]`` values, paired with ``x`` row by row.
 
     Returns:
-        ``[k]`` τ-b values.
+        ``[k]`` τ-b values (float64, on the inputs' device).
+    """
+    if x.shape != y.shape or x.ndim != 2:
+        raise ValueError(f"x and y must both be [n, k]; got {tuple(x.shape)} and {tuple(y.shape)}")
+    if x.device.type == "cuda":
+        return kendall_tau_b_vectorised(x, y)
+    return _kendall_tau_b_scipy(x, y)
+
+
+def _kendall_tau_b_scipy(x: Tensor, y: Tensor) -> Tensor:
+    # float64 holds every float16/bfloat16/float32 value exactly, so order and ties are those of the inputs
+    xs, ys = (t.detach().cpu().double().numpy() for t in (x, y))
+    taus = [kendalltau(xs[:, j], ys[:, j])[0] for j in range(xs.shape[1])]
+    return torch.tensor(taus, dtype=torch.float64, device=x.device)
+
+
+def kendall_tau_b_vectorised(x: Float[Tensor, "n k"], y: Float[Tensor, "n k"]) -> Float[Tensor, "k"]:
+    """:func:`kendall_tau_b` computed for all columns at once, on the tensors' device (what it runs on CUDA).
+
+    Values are compared in their own dtype.
+
+    Args:
+        x: ``[n, k]`` values.
+        y: ``[n, k]`` values, paired with ``x`` row by row.
+
+    Returns:
+        ``[k]`` τ-b values (float64).
     """
     if x.shape != y.shape or x.ndim != 2:
         raise ValueError(f"x and y must both be [n, k]; got {tuple(x.shape)} and {tuple(y.shape)}")

@@ -19,6 +19,14 @@ def test_analyze_prints_the_report(capsys):
     assert "gelu MLP" in out and "none positions" in out and "token preference over 8" in out
 
 
+def test_default_model_is_random_inits(capsys):
+    """One default: the CLI builds exactly the model random_init builds with no activation or positions given."""
+    assert main(["analyze", *SMALL, "--json", "--sections", "contraction"]) == 0
+    info = json.loads(capsys.readouterr().out)["model"]
+    spec = lens_bias.random_init("gpt2", d_model=64, n_layers=2, n_heads=4, d_vocab=200, n_ctx=256).lens_bias_spec
+    assert (info["act_fn"], info["positional_embedding"]) == (spec.act_fn, spec.positional_embedding) == ("gelu_new", "learned")
+
+
 def test_ablations_flag(capsys):
     assert main(["analyze", *SMALL, "--ablations", "--sections", "contraction"]) == 0
     out = capsys.readouterr().out
