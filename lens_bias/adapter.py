@@ -310,7 +310,7 @@ class ModelAdapter:
             probes: what to read; probes sharing a key are computed once (one key, one reduction).
             batch_size: sequences per forward pass (default: :meth:`default_batch_size`).
             interventions: edits of the pass: lens_bias.hooks interventions (or lists of them, composed in order as
-                in :func:`lens_bias.hooks.as_hooks`) and plain ``(hook_name, fn)`` forward hooks.
+                in :func:`~lens_bias.hooks.base.as_hooks`) and plain ``(hook_name, fn)`` forward hooks.
             progress: show a tqdm bar over batches.
             desc: label of the progress bar.
 
@@ -430,7 +430,7 @@ class ModelAdapter:
         return sorted(names - fired)
 
     def unembed(self, resid: Float[Tensor, "batch d_model"]) -> Float[Tensor, "batch d_vocab"]:
-        """Logits from final normalized states (the :data:`READOUT` hook), as float32.
+        """Logits from final normalized states (the :data:`~lens_bias.adapter.READOUT` hook), as float32.
 
         Lets analyses compute logits at the readout position only, never ``[n, seq, d_vocab]``.
         """
