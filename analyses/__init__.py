@@ -1,4 +1,8 @@
-"""One module per measurement; each defines an ``Analysis`` (probes + finalize) and its result dataclass."""
+"""One module per measurement; each defines an ``Analysis`` (probes + finalize) and its result dataclass.
+
+Importing a module defines its ``Analysis`` subclass, which registers it as a report section; importing every
+module here makes ``lens_bias.SECTIONS`` complete.
+"""
 
 from .ablation import AblationResult, ablate
 from .contraction import Contraction, ContractionResult

@@ -16,6 +16,7 @@ from typing import Any, Sequence, Union
 import pandas as pd
 from tqdm.auto import tqdm
 
+from lens_bias import viz
 from lens_bias.adapter import ModelAdapter
 from lens_bias.analysis import Result, run_analyses
 from lens_bias.errors import LensBiasError
@@ -51,6 +52,9 @@ class AblationResult(Result):
 
     table: pd.DataFrame  # tidy: condition, layer, hook, inter, intra, max_min_ratio, entropy_ratio
     conditions: dict[str, list[dict[str, Any]]]  # condition -> its interventions, as Intervention.to_dict()
+
+    heading = "Ablations"
+    plot_fn, plot_caption = viz.plot_contraction, "ablations per layer"
 
     def to_pandas(self) -> pd.DataFrame:
         return self.table.copy()

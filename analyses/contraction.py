@@ -12,13 +12,14 @@ E[(x·s)²] / E[‖x‖²] for its last-position states x (1/d_model for a direc
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar, Hashable, Mapping
 
 import pandas as pd
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from lens_bias import viz
 from lens_bias.adapter import READOUT, ModelAdapter, Probe, last_position
 from lens_bias.analysis import Analysis, Result
 from lens_bias.inputs import InputSpec
@@ -35,6 +36,10 @@ def intra_probe(hook: str) -> Probe:
 @dataclass
 class ContractionResult(Result):
     """Per-layer inter/intra-sequence cosine and the build-up of the seed direction."""
+
+    heading = "Contraction"
+    headline_labels = {"inter_final": "inter (final norm)", "intra_final": "intra (final norm)", "energy_share_final": "energy along the seed direction"}
+    plot_fn, plot_caption = viz.plot_contraction, "contraction per layer"
 
     layers: list[str]  # "embed", "0" … str(n_layers - 1), "final"
     hooks: list[str]
@@ -83,6 +88,8 @@ class Contraction(Analysis):
     """Inter- and intra-sequence cosine at the embedding, after every block, and after the final norm."""
 
     name: ClassVar[str] = "contraction"
+    result_type = ContractionResult
+    order = 20
 
     def _hooks(self, adapter: ModelAdapter) -> tuple[list[str], list[str]]:
         n_layers = adapter.info.n_layers
@@ -90,14 +97,16 @@ class Contraction(Analysis):
         hooks = ["blocks.0.hook_resid_pre"] + [f"blocks.{layer}.hook_resid_post" for layer in range(n_layers)]
         return labels, hooks + [READOUT]
 
-    def probes(self, adapter: ModelAdapter) -> list[Probe]:
-        _, hooks = self._hooks(adapter)
-        return [p for h in hooks for p in (last_position(h), intra_probe(h))]
+    def probes(self, adapter: ModelAdapter) -> dict[Hashable, Probe]:
+        probes: dict[Hashable, Probe] = {}
+        for label, hook in zip(*self._hooks(adapter)):
+            probes["last", label], probes["intra", label] = last_position(hook), intra_probe(hook)
+        return probes
 
-    def finalize(self, adapter: ModelAdapter, kept: Mapping[str, Tensor], spec: InputSpec) -> ContractionResult:
+    def finalize(self, adapter: ModelAdapter, kept: Mapping[Hashable, Tensor], spec: InputSpec) -> ContractionResult:
         labels, hooks = self._hooks(adapter)
-        last = torch.stack([kept[last_position(h).key] for h in hooks])  # [layer, N, d]
-        intra = torch.stack([kept[intra_probe(h).key].mean() for h in hooks])  # [layer]
+        last = torch.stack([kept["last", label] for label in labels])  # [layer, N, d]
+        intra = torch.stack([kept["intra", label].mean() for label in labels])  # [layer]
         mean_dirs = unit(unit(last).mean(dim=1))  # [layer, d]
         seed = mean_dirs[-1]
         energy = (last @ seed).pow(2).mean(dim=1) / last.pow(2).sum(dim=-1).mean(dim=1)

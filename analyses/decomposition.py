@@ -18,7 +18,7 @@ input, reducing inside the hook to per-sequence sums so memory stays O(N·d).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar, Hashable, Mapping
 
 import pandas as pd
 import torch
@@ -55,6 +55,8 @@ def _sums(x: Float[Tensor, "batch pos d"]) -> Float[Tensor, "batch d_plus_1"]:
 @dataclass
 class DecompositionResult(Result):
     """Shared vs fluctuating energy of each residual component and its alignment with the seed direction."""
+
+    heading = "Residual decomposition"
 
     components: list[str]
     hooks: list[str]
@@ -126,6 +128,8 @@ class Decomposition(Analysis):
     """Split the residual stream into its components and measure each one's shared part."""
 
     name: ClassVar[str] = "decomposition"
+    result_type = DecompositionResult
+    order = 30
     positions: str = "last"  # "last" (the readout position) or "all"
 
     def __post_init__(self) -> None:
@@ -138,15 +142,15 @@ class Decomposition(Analysis):
     def _target(self, adapter: ModelAdapter) -> str:
         return f"blocks.{adapter.info.n_layers - 1}.hook_resid_post"
 
-    def probes(self, adapter: ModelAdapter) -> list[Probe]:
-        hooks = [h for _, h in components(adapter)] + [self._target(adapter)]
-        return [self._probe(h) for h in hooks] + [last_position(READOUT)]
+    def probes(self, adapter: ModelAdapter) -> dict[Hashable, Probe]:
+        parts: dict[Hashable, Probe] = {("component", name): self._probe(hook) for name, hook in components(adapter)}
+        return {**parts, "target": self._probe(self._target(adapter)), "final": last_position(READOUT)}
 
-    def finalize(self, adapter: ModelAdapter, kept: Mapping[str, Tensor], spec: InputSpec) -> DecompositionResult:
+    def finalize(self, adapter: ModelAdapter, kept: Mapping[Hashable, Tensor], spec: InputSpec) -> DecompositionResult:
         names, hooks = zip(*components(adapter))
-        seed = unit(unit(kept[last_position(READOUT).key]).mean(0))
-        values = torch.stack([kept[self._probe(h).key] for h in hooks]).double()  # [component, N, d(+1)]
-        target = kept[self._probe(self._target(adapter)).key].double()
+        seed = unit(unit(kept["final"]).mean(0))
+        values = torch.stack([kept["component", name] for name in names]).double()  # [component, N, d(+1)]
+        target = kept["target"].double()
         if self.positions == "last":
             count = values.shape[1]
             sums, sq = values.sum(dim=1), values.pow(2).sum(dim=(1, 2))

@@ -8,7 +8,7 @@ those across models. A large spread of the softmaxed values across inputs gives 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar, Hashable, Mapping
 
 import pandas as pd
 import torch
@@ -26,6 +26,8 @@ __all__ = ["FingerprintSection", "FingerprintSummary"]
 @dataclass
 class FingerprintSummary(Result):
     """Identity dimensions, their means, and the spread of the softmaxed identity values."""
+
+    heading = "SeedPrint fingerprint"
 
     dims: Int[Tensor, "m"]
     means: Float[Tensor, "m"]  # mean feature value over inputs
@@ -58,14 +60,16 @@ class FingerprintSection(Analysis):
     """Summarise the features ``lens_bias.seedprint.fingerprint`` would extract on the report's inputs."""
 
     name: ClassVar[str] = "fingerprint"
+    result_type = FingerprintSummary
+    order = 40
     ratio_k: float = 0.10  # m = ⌊ratio_k · d_model⌋, the SeedPrint default
     temperature: float = 10.0
 
-    def probes(self, adapter: ModelAdapter) -> list[Probe]:
-        return [last_position(READOUT)]
+    def probes(self, adapter: ModelAdapter) -> dict[Hashable, Probe]:
+        return {"final": last_position(READOUT)}
 
-    def finalize(self, adapter: ModelAdapter, kept: Mapping[str, Tensor], spec: InputSpec) -> FingerprintSummary:
-        features = kept[last_position(READOUT).key]
+    def finalize(self, adapter: ModelAdapter, kept: Mapping[Hashable, Tensor], spec: InputSpec) -> FingerprintSummary:
+        features = kept["final"]
         m = max(1, int(self.ratio_k * features.shape[1]))
         dims = identity_dims(features, m).sort().values
         soft = torch.softmax(features[:, dims].double() / self.temperature, dim=1)

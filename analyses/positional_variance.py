@@ -14,13 +14,14 @@ inside the hooks, one row per batch, so memory does not grow with the number of 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar, Hashable, Mapping
 
 import pandas as pd
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from lens_bias import viz
 from lens_bias.adapter import ModelAdapter, Probe
 from lens_bias.analysis import Analysis, Result
 from lens_bias.errors import LensBiasError
@@ -72,6 +73,11 @@ def fit_exponent(std: Float[Tensor, "... pos"], max_position: int | None = None)
 @dataclass
 class PositionalVarianceResult(Result):
     """Per-position std across sequences of each head's output (before W_O) and each layer's (after W_O)."""
+
+    heading = "Positional variance"
+    headline_labels = {"alpha_out": "α of r_t, layer 0"}
+    plot_fn, plot_caption = viz.plot_positional_variance, "positional variance r_t"
+    view_fn, view_caption = viz.variance_view, "r_t = std_t / std_0 by position, layer 0"
 
     std_z: Float[Tensor, "layer head pos"]  # before W_O, pooled over d_head
     std_out: Float[Tensor, "layer pos"]  # after W_O, pooled over d_model
@@ -153,18 +159,19 @@ class PositionalVariance(Analysis):
     """Std across sequences at every position of every head's output (``attn.hook_z``) and layer's (``hook_attn_out``)."""
 
     name: ClassVar[str] = "positional_variance"
+    result_type = PositionalVarianceResult
+    order = 50
 
-    def _hooks(self, adapter: ModelAdapter) -> tuple[list[str], list[str]]:
+    def probes(self, adapter: ModelAdapter) -> dict[Hashable, Probe]:
+        probes: dict[Hashable, Probe] = {}
+        for layer in range(adapter.info.n_layers):
+            probes["z", layer] = _moment_probe(f"blocks.{layer}.attn.hook_z")
+            probes["out", layer] = _moment_probe(f"blocks.{layer}.hook_attn_out")
+        return probes
+
+    def finalize(self, adapter: ModelAdapter, kept: Mapping[Hashable, Tensor], spec: InputSpec) -> PositionalVarianceResult:
         layers = range(adapter.info.n_layers)
-        return [f"blocks.{layer}.attn.hook_z" for layer in layers], [f"blocks.{layer}.hook_attn_out" for layer in layers]
-
-    def probes(self, adapter: ModelAdapter) -> list[Probe]:
-        z_hooks, out_hooks = self._hooks(adapter)
-        return [_moment_probe(h) for h in z_hooks + out_hooks]
-
-    def finalize(self, adapter: ModelAdapter, kept: Mapping[str, Tensor], spec: InputSpec) -> PositionalVarianceResult:
-        z_hooks, out_hooks = self._hooks(adapter)
         # hook_z moments are [batches, 3, pos, head, d_head]: pool over d_head, then put heads first.
-        std_z = torch.stack([_std(kept[_moment_probe(h).key]).T for h in z_hooks])
-        std_out = torch.stack([_std(kept[_moment_probe(h).key]) for h in out_hooks])
+        std_z = torch.stack([_std(kept["z", layer]).T for layer in layers])
+        std_out = torch.stack([_std(kept["out", layer]) for layer in layers])
         return PositionalVarianceResult(std_z=std_z, std_out=std_out, n=spec.n)

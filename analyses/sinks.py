@@ -14,13 +14,14 @@ sequence, after every block (≈ 1 without a sink; a trained sink token stands o
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar, Hashable, Mapping
 
 import pandas as pd
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from lens_bias import viz
 from lens_bias.adapter import ModelAdapter, Probe
 from lens_bias.analysis import Analysis, Result
 from lens_bias.errors import LensBiasError
@@ -98,6 +99,10 @@ class SinksResult(Result):
     norm_ratio: Float[Tensor, "layer"]  # mean over sequences of ‖h_0‖ / median_t≥1 ‖h_t‖ after each block
     eps: float
 
+    heading = "Attention sinks"
+    headline_labels = {"sink_rate_0": "Sink_0 (%)", "first_token_share": "first-token share α_0", "norm_ratio_0_max": "max ‖h_0‖ / median ‖h_t‖"}
+    plot_fn, plot_caption = viz.plot_sinks, "first-token sink per layer and head"
+
     def rate(self, eps: float | None = None) -> Float[Tensor, "key"]:
         """Sink_k^ε in percent for every key position (``eps`` defaults to the analysis' threshold)."""
         return rate_from_importance(self.alpha, self.eps if eps is None else eps)
@@ -155,19 +160,22 @@ class Sinks(Analysis):
     """Sink metric for every key position, per layer and head, and the first token's residual norm ratio."""
 
     name: ClassVar[str] = "sinks"
+    result_type = SinksResult
+    order = 60
     eps: float = DEFAULT_EPS
 
     def __post_init__(self) -> None:
         _check_eps(self.eps)
 
-    def probes(self, adapter: ModelAdapter) -> list[Probe]:
-        n_layers = adapter.info.n_layers
-        return [_importance_probe(f"blocks.{layer}.attn.hook_pattern") for layer in range(n_layers)] + [
-            Probe(f"blocks.{layer}.hook_resid_post", "first_token_norm_ratio", _first_token_norm_ratio) for layer in range(n_layers)
-        ]
+    def probes(self, adapter: ModelAdapter) -> dict[Hashable, Probe]:
+        probes: dict[Hashable, Probe] = {}
+        for layer in range(adapter.info.n_layers):
+            probes["alpha", layer] = _importance_probe(f"blocks.{layer}.attn.hook_pattern")
+            probes["norm_ratio", layer] = Probe(f"blocks.{layer}.hook_resid_post", "first_token_norm_ratio", _first_token_norm_ratio)
+        return probes
 
-    def finalize(self, adapter: ModelAdapter, kept: Mapping[str, Tensor], spec: InputSpec) -> SinksResult:
-        n_layers = adapter.info.n_layers
-        alpha = torch.stack([kept[_importance_probe(f"blocks.{layer}.attn.hook_pattern").key] for layer in range(n_layers)], dim=1)
-        ratios = torch.stack([kept[f"blocks.{layer}.hook_resid_post:first_token_norm_ratio"].mean() for layer in range(n_layers)])
+    def finalize(self, adapter: ModelAdapter, kept: Mapping[Hashable, Tensor], spec: InputSpec) -> SinksResult:
+        layers = range(adapter.info.n_layers)
+        alpha = torch.stack([kept["alpha", layer] for layer in layers], dim=1)
+        ratios = torch.stack([kept["norm_ratio", layer].mean() for layer in layers])
         return SinksResult(alpha=alpha, norm_ratio=ratios, eps=self.eps)

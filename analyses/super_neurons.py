@@ -18,14 +18,14 @@ For a chosen position p (default 0, the first token), per layer:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar, Hashable, Mapping
 
 import pandas as pd
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from lens_bias.adapter import ModelAdapter, Probe
+from lens_bias.adapter import ModelAdapter, ModelInfo, Probe
 from lens_bias.analysis import Analysis, Result
 from lens_bias.errors import LensBiasError
 from lens_bias.inputs import InputSpec
@@ -93,6 +93,9 @@ class SuperNeuronsResult(Result):
     mlp_out_max: Float[Tensor, "layer"]
     massive_abs: float
     massive_ratio: float
+
+    heading = "Super neurons"
+    headline_labels = {"top_unit_ratio": "top unit, first token vs elsewhere", "resid_max_over_median": "residual max/median |h|"}
 
     @property
     def unit_ratio(self) -> Float[Tensor, "layer d_mlp"]:
@@ -170,6 +173,8 @@ class SuperNeurons(Analysis):
     """Position-selective MLP units, dimension disparity and massive activations (see module docstring)."""
 
     name: ClassVar[str] = "super_neurons"
+    result_type = SuperNeuronsResult
+    order = 70
     # The sink position whose outlier status is measured; 0 is the first token.
     position: int = 0
     # Sun et al.'s absolute threshold for a massive activation in 7B models.
@@ -181,25 +186,24 @@ class SuperNeurons(Analysis):
         if isinstance(self.position, bool) or not isinstance(self.position, int) or self.position < 0:
             raise LensBiasError(f"position must be a non-negative int, got {self.position!r}")
 
-    def probes(self, adapter: ModelAdapter) -> list[Probe]:
-        if adapter.info.attn_only:
-            raise LensBiasError("super_neurons reads MLP units; this model is attention-only")
-        p, probes = self.position, []
+    def applies_to(self, info: ModelInfo) -> bool:
+        return not info.attn_only  # no MLP units to rank
+
+    def probes(self, adapter: ModelAdapter) -> dict[Hashable, Probe]:
+        p, probes = self.position, {}
         for layer in range(adapter.info.n_layers):
-            probes += [
-                _unit_probe(f"blocks.{layer}.mlp.hook_post", p),
-                Probe(f"blocks.{layer}.mlp.hook_post", "max_abs", _max_abs),
-                Probe(f"blocks.{layer}.hook_mlp_out", "max_abs", _max_abs),
-                _dominance_probe(f"blocks.{layer}.ln1.hook_normalized", p),
-                Probe(f"blocks.{layer}.hook_resid_post", "massive", _massive),
-            ]
+            probes["units", layer] = _unit_probe(f"blocks.{layer}.mlp.hook_post", p)
+            probes["mlp_in_max", layer] = Probe(f"blocks.{layer}.mlp.hook_post", "max_abs", _max_abs)
+            probes["mlp_out_max", layer] = Probe(f"blocks.{layer}.hook_mlp_out", "max_abs", _max_abs)
+            probes["dominance", layer] = _dominance_probe(f"blocks.{layer}.ln1.hook_normalized", p)
+            probes["massive", layer] = Probe(f"blocks.{layer}.hook_resid_post", "massive", _massive)
         return probes
 
-    def finalize(self, adapter: ModelAdapter, kept: Mapping[str, Tensor], spec: InputSpec) -> SuperNeuronsResult:
+    def finalize(self, adapter: ModelAdapter, kept: Mapping[Hashable, Tensor], spec: InputSpec) -> SuperNeuronsResult:
         layers, p = range(adapter.info.n_layers), self.position
-        units = torch.stack([kept[_unit_probe(f"blocks.{layer}.mlp.hook_post", p).key].mean(dim=0) for layer in layers])
-        dominance = torch.stack([kept[_dominance_probe(f"blocks.{layer}.ln1.hook_normalized", p).key].mean(dim=0) for layer in layers])
-        massive = torch.stack([kept[f"blocks.{layer}.hook_resid_post:massive"] for layer in layers])  # [layer, n, 4]
+        units = torch.stack([kept["units", layer].mean(dim=0) for layer in layers])
+        dominance = torch.stack([kept["dominance", layer].mean(dim=0) for layer in layers])
+        massive = torch.stack([kept["massive", layer] for layer in layers])  # [layer, n, 4]
         blocks = getattr(adapter.model, "blocks", None)
         try:
             w_out = torch.stack([blocks[layer].mlp.W_out.detach().float().cpu() for layer in layers])
@@ -214,8 +218,8 @@ class SuperNeurons(Analysis):
             dominance_elsewhere=dominance[:, 1],
             massive_top=massive[..., :3].max(dim=1).values,
             massive_median=massive[..., 3].mean(dim=1),
-            mlp_in_max=torch.stack([kept[f"blocks.{layer}.mlp.hook_post:max_abs"].max() for layer in layers]),
-            mlp_out_max=torch.stack([kept[f"blocks.{layer}.hook_mlp_out:max_abs"].max() for layer in layers]),
+            mlp_in_max=torch.stack([kept["mlp_in_max", layer].max() for layer in layers]),
+            mlp_out_max=torch.stack([kept["mlp_out_max", layer].max() for layer in layers]),
             massive_abs=self.massive_abs,
             massive_ratio=self.massive_ratio,
         )

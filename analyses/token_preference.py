@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar, Hashable, Mapping
 
 import pandas as pd
 import torch
@@ -19,6 +19,7 @@ from jaxtyping import Float, Int
 from scipy.stats import kendalltau
 from torch import Tensor
 
+from lens_bias import viz
 from lens_bias.adapter import READOUT, ModelAdapter, Probe, last_position
 from lens_bias.analysis import Analysis, Result
 from lens_bias.inputs import InputSpec
@@ -32,6 +33,11 @@ _LOGIT_CHUNK = 256
 @dataclass
 class TokenPreferenceResult(Result):
     """Mean next-token distribution over random inputs and how lopsided it is."""
+
+    heading = "Token preference"
+    headline_labels = {"max_min_ratio": "max/min p̄", "uniform_ratio": "V·max p̄", "entropy_ratio": "H(p̄)/log V", "tau_halves": "τ halves"}
+    plot_fn, plot_caption = viz.plot_token_preference, "sorted V·p̄"
+    view_fn, view_caption = viz.preferred_tokens_view, "preferred tokens (log10 V·p̄)"
 
     p_bar: Float[Tensor, "d_vocab"]  # mean softmax at the last position (float64)
     mean_logits: Float[Tensor, "d_vocab"]  # mean logits at the last position (float64)
@@ -116,13 +122,15 @@ class TokenPreference(Analysis):
     """Measure p̄ over the inputs from the final normalized state at the last position."""
 
     name: ClassVar[str] = "token_preference"
+    result_type = TokenPreferenceResult
+    order = 10
     top_k: int = 20  # rows of the favourites table
 
-    def probes(self, adapter: ModelAdapter) -> list[Probe]:
-        return [last_position(READOUT)]
+    def probes(self, adapter: ModelAdapter) -> dict[Hashable, Probe]:
+        return {"final": last_position(READOUT)}
 
-    def finalize(self, adapter: ModelAdapter, kept: Mapping[str, Tensor], spec: InputSpec) -> TokenPreferenceResult:
-        final = kept[last_position(READOUT).key]  # [N, d_model]
+    def finalize(self, adapter: ModelAdapter, kept: Mapping[Hashable, Tensor], spec: InputSpec) -> TokenPreferenceResult:
+        final = kept["final"]  # [N, d_model]
         n = final.shape[0]
         half = n // 2
         d_vocab = adapter.info.d_vocab

@@ -212,7 +212,7 @@ def _analyze(args: argparse.Namespace) -> str:
     )
     if args.html:
         report.to_html(args.html)
-    return json.dumps(report.to_dict(), indent=2) if args.json else str(report)
+    return json.dumps(report.to_dict(results=False), indent=2) if args.json else str(report)
 
 
 def _random_model(args: argparse.Namespace) -> Any:

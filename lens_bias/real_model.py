@@ -137,7 +137,7 @@ _COMPARED: dict[str, tuple[str, float]] = {
 
 def _flatten(report: BiasReport) -> dict[str, float]:
     out = {}
-    for name, section in report.sections().items():
+    for name, section in report.sections.items():
         for key, value in section.headline().items():
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 out[f"{name}.{key}"] = float(value)
@@ -148,7 +148,7 @@ def _all_finite(report: BiasReport) -> bool:
     """Every number in every section's headline and table is finite (no NaN or inf anywhere)."""
     if not all(math.isfinite(v) for v in _flatten(report).values()):
         return False
-    for section in report.sections().values():
+    for section in report.sections.values():
         table = section.to_pandas().select_dtypes("number")
         if not bool(torch.isfinite(torch.tensor(table.to_numpy(dtype=float))).all()):
             return False

@@ -1,106 +1,103 @@
 """``analyze(model)``: the born-biased report of any TransformerLens model.
 
-A section is one :class:`~lens_bias.analysis.Analysis` in ``SECTIONS`` plus one field of :class:`BiasReport`;
-all requested sections share one batched forward pass over the same random inputs.
+A section is one :class:`~lens_bias.analysis.Analysis` subclass (it registers itself in ``SECTIONS``); all
+requested sections share one batched forward pass over the same random inputs.
 """
 
 from __future__ import annotations
 
 import html
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence, Union
 
 import torch
 
+import lens_bias.analyses  # noqa: F401 - defines, and so registers, every section
 from lens_bias.analyses.ablation import AblationResult, ablate
-from lens_bias.analyses.contraction import Contraction, ContractionResult
-from lens_bias.analyses.decomposition import Decomposition, DecompositionResult
-from lens_bias.analyses.fingerprint import FingerprintSection, FingerprintSummary
-from lens_bias.analyses.positional_variance import PositionalVariance, PositionalVarianceResult
-from lens_bias.analyses.sinks import Sinks, SinksResult
-from lens_bias.analyses.super_neurons import SuperNeurons, SuperNeuronsResult
-from lens_bias.analyses.token_preference import TokenPreference, TokenPreferenceResult
 
 from .adapter import ModelAdapter, ModelInfo
-from .analysis import Analysis, Result, run_analyses
+from .analysis import SECTIONS, Result, run_analyses
 from .errors import LensBiasError
 from .hooks.base import edit_records
 from .inputs import Inputs, InputSpec, resolve_inputs
 
 __all__ = ["BiasReport", "analyze", "SECTIONS"]
 
-# Field name -> the analysis that fills it, in report order.
-SECTIONS: dict[str, type[Analysis]] = {
-    "token_preference": TokenPreference,
-    "contraction": Contraction,
-    "decomposition": Decomposition,
-    "fingerprint": FingerprintSection,
-    "positional_variance": PositionalVariance,
-    "sinks": Sinks,
-    "super_neurons": SuperNeurons,
-}
+# Sections that are not an Analysis of the shared pass: opt-in, with passes of their own.
+EXTRA_SECTIONS: dict[str, type[Result]] = {"ablations": AblationResult}  # analyze(model, ablations=True)
 
 
 @dataclass
 class BiasReport:
-    """What a model is born with, section by section; ``str(report)`` is the human summary."""
+    """What a model is born with, section by section; ``str(report)`` is the human summary.
+
+    ``report.sections`` holds the computed results by section name, in report order; ``report.<name>`` is one of
+    them (``None`` for a known section that was not computed).
+    """
 
     model: ModelInfo
     inputs: InputSpec
-    token_preference: TokenPreferenceResult | None = None
-    contraction: ContractionResult | None = None
-    decomposition: DecompositionResult | None = None
-    fingerprint: FingerprintSummary | None = None
-    positional_variance: PositionalVarianceResult | None = None
-    sinks: SinksResult | None = None
-    super_neurons: SuperNeuronsResult | None = None
-    ablations: AblationResult | None = None  # opt-in: analyze(model, ablations=True)
+    sections: dict[str, Result] = field(default_factory=dict)
     # The edits every section was measured under, as Intervention.to_dict() (empty: the unedited model).
     interventions: list[dict[str, Any]] = field(default_factory=list)
 
-    def sections(self) -> dict[str, Result]:
-        """The sections that were computed, by name."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), Result)}
+    def __getattr__(self, name: str) -> Any:
+        # Only reached when ordinary lookup fails: report.sinks and the other sections by name.
+        sections = self.__dict__.get("sections", {})
+        if name in sections:
+            return sections[name]
+        if name in SECTIONS or name in EXTRA_SECTIONS:
+            return None
+        raise AttributeError(f"BiasReport has no attribute or section {name!r}; sections: {list(SECTIONS) + list(EXTRA_SECTIONS)}, computed: {list(sections)}")
 
-    def to_dict(self) -> dict[str, Any]:
-        """Model, inputs, interventions and each section's headline numbers and table, JSON-ready."""
-        return {
-            "model": self.model.to_dict(),
-            "inputs": self.inputs.to_dict(),
-            "interventions": self.interventions,
-            "sections": {
-                name: {"headline": r.headline(), "table": r.to_pandas().to_dict(orient="records")}
-                for name, r in self.sections().items()
-            },
-        }
+    def to_dict(self, *, results: bool = True) -> dict[str, Any]:
+        """Model, inputs, interventions and each section's headline numbers and table, JSON-ready.
+
+        Args:
+            results: also each section's whole result (``Result.to_dict``: every tensor), which
+                :meth:`from_dict` reads back. ``False`` keeps the summary that ``lens-bias analyze --json`` prints.
+        """
+        sections = {}
+        for name, r in self.sections.items():
+            sections[name] = {"headline": r.headline(), "table": r.to_pandas().to_dict(orient="records")}
+            if results:
+                sections[name]["result"] = r.to_dict()
+        return {"model": self.model.to_dict(), "inputs": self.inputs.to_dict(), "interventions": self.interventions, "sections": sections}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "BiasReport":
+        """The report :meth:`to_dict` wrote (with ``results=True``)."""
+        sections = {}
+        for name, section in d["sections"].items():
+            kind = SECTIONS[name].result_type if name in SECTIONS else EXTRA_SECTIONS.get(name)
+            if kind is None:
+                raise LensBiasError(f"unknown section {name!r}; import the module that defines its Analysis before BiasReport.from_dict")
+            if "result" not in section:
+                raise LensBiasError(f"section {name!r} holds only its summary: write the report with to_dict(results=True)")
+            sections[name] = kind.from_dict(section["result"])
+        return cls(model=ModelInfo.from_dict(d["model"]), inputs=InputSpec.from_dict(d["inputs"]), sections=sections,
+                   interventions=list(d["interventions"]))
 
     def figures(self) -> dict[str, Any]:
         """matplotlib figures of the computed sections that have one (``result.plot()``; needs ``lens-bias[plot]``)."""
-        return {_FIGURE_TITLES[name]: result.plot() for name, result in self.sections().items() if name in _FIGURE_TITLES}
+        return {r.plot_caption or name: r.plot() for name, r in self.sections.items() if r.plot_fn is not None}
 
     def views(self) -> dict[str, Any]:
-        """circuitsvis views of the computed sections, by heading."""
-        from . import viz
-
-        out = {}
-        if self.token_preference is not None:
-            out[_VIEW_TITLES["token_preference"]] = viz.preferred_tokens_view(self.token_preference)
-        if self.positional_variance is not None:
-            out[_VIEW_TITLES["positional_variance"]] = viz.variance_view(self.positional_variance, 0)
-        return out
+        """circuitsvis views of the computed sections that have one (``result.show()``), by heading."""
+        return {r.view_caption or name: r.show() for name, r in self.sections.items() if r.view_fn is not None}
 
     def headline_table(self) -> list[tuple[str, str, str]]:
         """The report's headline numbers as (section, number, value) rows, the first thing ``to_html`` shows."""
         rows = []
-        for name, result in self.sections().items():
+        for name, result in self.sections.items():
             numbers = result.headline()
-            for key, label in _HEADLINES.get(name, ()):
+            for key, label in result.headline_labels.items():
                 value = numbers.get(key)
                 if isinstance(value, (list, tuple)):  # per layer: the first layer's
                     value = value[0] if value else None
                 if value is not None:
-                    rows.append((_SECTION_TITLES.get(name, name), label, _fmt(value)))
+                    rows.append((result.heading or name, label, _fmt(value)))
         return rows
 
     def to_html(self, path: Union[str, Path], *, views: Mapping[str, Any] | None = None, max_rows: int = 40, short_rows: int = 8) -> Path:
@@ -131,18 +128,18 @@ class BiasReport:
             + "</table>",
         ]
         no_plot = None
-        for name, result in self.sections().items():
+        for name, result in self.sections.items():
             table = result.to_pandas()
             table = table.dropna(axis=1, how="all")  # no empty columns (e.g. token strings of a model without a tokenizer)
             figure = ""
-            if name in _FIGURE_TITLES and no_plot is None:
+            if result.plot_fn is not None and no_plot is None:
                 try:
-                    figure = f"<figure>{viz.figure_png(result.plot())}<figcaption>{esc(_FIGURE_TITLES[name])}</figcaption></figure>"
+                    figure = f"<figure>{viz.figure_png(result.plot())}<figcaption>{esc(result.plot_caption or name)}</figcaption></figure>"
                 except LensBiasError as err:  # no matplotlib: tables and views only
                     no_plot = str(err)
             short = table.head(short_rows).to_html(index=False, float_format=_fmt, border=0)
             side = f'<div><div class="summary">{esc(result.summary())}</div>{short}</div>'
-            part = f"<section><h2>{esc(_SECTION_TITLES.get(name, name))}</h2><div class=\"row\">{figure}{side}</div>"
+            part = f"<section><h2>{esc(result.heading or name)}</h2><div class=\"row\">{figure}{side}</div>"
             if len(table) > short_rows:
                 shown = table.head(max_rows)
                 more = f", first {max_rows} shown" if len(table) > max_rows else ""
@@ -150,8 +147,8 @@ class BiasReport:
                     f"<details><summary>full table ({len(table)} rows{more})</summary>"
                     + shown.to_html(index=False, float_format=_fmt, border=0) + "</details>"
                 )
-            if name in _VIEW_TITLES:
-                part += viz.view_slot(_VIEW_TITLES[name])
+            if result.view_fn is not None:
+                part += viz.view_slot(result.view_caption or name)
             parts.append(part + "</section>")
         if no_plot is not None:
             parts.append(f"<p>{esc(no_plot)}</p>")
@@ -169,27 +166,7 @@ class BiasReport:
         )
         if self.interventions:
             header += "\nmeasured under: " + " + ".join(d.get("type", "?") for d in self.interventions)
-        return "\n\n".join([header] + [r.summary() for r in self.sections().values()])
-
-
-_SECTION_TITLES = {
-    "token_preference": "Token preference", "contraction": "Contraction", "decomposition": "Residual decomposition",
-    "fingerprint": "SeedPrint fingerprint", "positional_variance": "Positional variance", "sinks": "Attention sinks",
-    "super_neurons": "Super neurons", "ablations": "Ablations",
-}
-_FIGURE_TITLES = {
-    "token_preference": "sorted V·p̄", "contraction": "contraction per layer", "positional_variance": "positional variance r_t",
-    "sinks": "first-token sink per layer and head", "ablations": "ablations per layer",
-}
-_VIEW_TITLES = {"token_preference": "preferred tokens (log10 V·p̄)", "positional_variance": "r_t = std_t / std_0 by position, layer 0"}
-# Section -> (headline key, label) of the numbers the page opens with.
-_HEADLINES = {
-    "token_preference": (("max_min_ratio", "max/min p̄"), ("uniform_ratio", "V·max p̄"), ("entropy_ratio", "H(p̄)/log V"), ("tau_halves", "τ halves")),
-    "contraction": (("inter_final", "inter (final norm)"), ("intra_final", "intra (final norm)"), ("energy_share_final", "energy along the seed direction")),
-    "positional_variance": (("alpha_out", "α of r_t, layer 0"),),
-    "sinks": (("sink_rate_0", "Sink_0 (%)"), ("first_token_share", "first-token share α_0"), ("norm_ratio_0_max", "max ‖h_0‖ / median ‖h_t‖")),
-    "super_neurons": (("top_unit_ratio", "top unit, first token vs elsewhere"), ("resid_max_over_median", "residual max/median |h|")),
-}
+        return "\n\n".join([header] + [r.summary() for r in self.sections.values()])
 
 
 def _fmt(value: Any) -> str:
@@ -246,7 +223,7 @@ def analyze(
         batch_size: sequences per forward pass (default: sized to the sequence length).
         device: the device the model is on, as a check; lens_bias does not move models.
         progress: show a tqdm progress bar.
-        sections: which sections to compute (default: all of ``SECTIONS``).
+        sections: which sections to compute (default: every one in ``SECTIONS`` whose ``applies_to`` accepts the model).
         ablations: also run :func:`lens_bias.ablate` on the same inputs (one more pass per condition).
         interventions: lens_bias.hooks interventions (or lists of them) attached for the pass; the report records
             them (``report.interventions``, their ``to_dict()``).
@@ -256,11 +233,13 @@ def analyze(
     """
     adapter = ModelAdapter(model)
     _check_device(adapter, device)
-    # By default every section the model can have: attention-only models have no MLP units to rank.
-    names = [s for s in SECTIONS if not (s == "super_neurons" and adapter.info.attn_only)] if sections is None else list(sections)
+    names = list(SECTIONS) if sections is None else list(sections)
     unknown = [s for s in names if s not in SECTIONS]
     if unknown:
         raise LensBiasError(f"unknown section(s) {unknown}; choose from {list(SECTIONS)}")
+    analyses = [SECTIONS[s]() for s in names]
+    if sections is None:  # by default every section the model has what it reads for
+        analyses = [a for a in analyses if a.applies_to(adapter.info)]
     data, spec = resolve_inputs(inputs, model=model, d_vocab=adapter.info.d_vocab, n_sequences=n_sequences, seq_len=seq_len, seed=seed)
     if spec.n < 2:
         raise LensBiasError(f"analyze needs at least 2 sequences (cosines between sequences), got {spec.n}")
@@ -270,7 +249,7 @@ def analyze(
         raise LensBiasError("ablations=True runs its own edits on the unedited model; for ablations under your edits "
                             "call lens_bias.ablate(model, conditions={name: [*your_edits, ...]})")
     records = edit_records(interventions)  # before the pass: an edit that cannot be recorded fails now
-    results = run_analyses(adapter, data, spec, [SECTIONS[s]() for s in names], batch_size=batch_size, interventions=interventions, progress=progress)
+    results = run_analyses(adapter, data, spec, analyses, batch_size=batch_size, interventions=interventions, progress=progress)
     if ablations:
         results["ablations"] = ablate(model, inputs=data, batch_size=batch_size, progress=progress)
-    return BiasReport(model=adapter.info, inputs=spec, interventions=records, **results)
+    return BiasReport(model=adapter.info, inputs=spec, sections=results, interventions=records)

@@ -27,7 +27,7 @@ from .adapter import ModelAdapter, Probe
 from .errors import LensBiasError
 
 __all__ = [
-    "attention_view", "preferred_tokens_view", "variance_view", "save_html", "page_html", "view_slot", "figure_png", "plot", "show",
+    "attention_view", "preferred_tokens_view", "variance_view", "save_html", "page_html", "view_slot", "figure_png",
     "plot_contraction", "plot_positional_variance", "plot_token_preference", "plot_lineage", "plot_sinks",
 ]
 
@@ -268,27 +268,3 @@ def plot_sinks(result: Any, position: int = 0, eps: float | None = None) -> Any:
     ax.set_title(f"Sink_{position} (%) at ε {result.eps if eps is None else eps}")
     fig.colorbar(image, ax=ax)
     return fig
-
-
-# Result class name -> its figure / view, behind ``result.plot()`` and ``result.show()``.
-_PLOTS = {
-    "TokenPreferenceResult": plot_token_preference, "ContractionResult": plot_contraction, "AblationResult": plot_contraction,
-    "PositionalVarianceResult": plot_positional_variance, "SinksResult": plot_sinks,
-}
-_VIEWS = {"TokenPreferenceResult": preferred_tokens_view, "PositionalVarianceResult": variance_view}
-
-
-def plot(result: Any, **kwargs: Any) -> Any:
-    """The figure of a result (``result.plot()``)."""
-    name = type(result).__name__
-    if name not in _PLOTS:
-        raise LensBiasError(f"{name} has no figure; figures exist for {sorted(_PLOTS)}")
-    return _PLOTS[name](result, **kwargs)
-
-
-def show(result: Any, **kwargs: Any) -> Any:
-    """The circuitsvis view of a result (``result.show()``)."""
-    name = type(result).__name__
-    if name not in _VIEWS:
-        raise LensBiasError(f"{name} has no circuitsvis view; views exist for {sorted(_VIEWS)} (and viz.attention_view(model, tokens))")
-    return _VIEWS[name](result, **kwargs)

@@ -42,7 +42,7 @@ def test_sections_and_embedding_inputs():
     model = tiny("gpt2")
     report = lens_bias.analyze(model, inputs="embeddings", n_sequences=4, seq_len=6, sections=["contraction"], progress=False)
     assert report.token_preference is None and report.contraction is not None
-    assert report.inputs.kind == "embeddings" and list(report.sections()) == ["contraction"]
+    assert report.inputs.kind == "embeddings" and list(report.sections) == ["contraction"]
 
 
 @pytest.mark.parametrize(

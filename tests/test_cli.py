@@ -88,7 +88,7 @@ def test_html_report(tmp_path, capsys):
     page = tmp_path / "report.html"
     assert main(["analyze", *SMALL, "--html", str(page), "--sections", "token_preference", "positional_variance"]) == 0
     text = page.read_text()
-    assert text.count("var CircuitsVis") == 1 and "<h2>positional_variance</h2>" in text and "data:image/png" in text
+    assert text.count("var CircuitsVis") == 1 and "<h2>Positional variance</h2>" in text and "data:image/png" in text
 
 
 def test_train_then_fingerprint_the_checkpoint(tmp_path, capsys):

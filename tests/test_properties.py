@@ -106,7 +106,7 @@ def test_analyze(model, inputs, n, seq_len, batch_size, sections):
     else:
         event("result")
         assert report.inputs.n >= 2 and 2 <= report.inputs.seq_len <= CTX
-        for name, result in report.sections().items():
+        for name, result in report.sections.items():
             table = result.to_pandas()
             numbers = table.select_dtypes("number").to_numpy()
             assert len(table) and not np.isinf(numbers).any(), name
