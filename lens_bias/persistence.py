@@ -36,10 +36,11 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from . import seedprint
+from .checkpoints import load_checkpoint
 from .data import TokenData, code, prose
 from .errors import LensBiasError
 from .models import ModelSpec, random_init
-from .train import load_checkpoint, train
+from .train import train
 
 __all__ = ["PersistenceConfig", "PersistenceResult", "PRESETS", "run_persistence"]
 

@@ -34,12 +34,13 @@ from .analyses.positional_variance import PositionalVariance, PositionalVariance
 from .analyses.sinks import Sinks, SinksResult
 from .analyses.super_neurons import SuperNeurons
 from .analysis import Analysis, Result, run_analyses
+from .checkpoints import load_checkpoint, save_checkpoint
 from .data import TokenData, code, prose
 from .errors import LensBiasError
 from .hooks import AmplifyVariance, HeadwiseRMSNorm, Intervention, MaskToSelf, ScaleNorm, UniformAttention
 from .inputs import InputSpec, random_tokens
 from .models import ModelSpec, random_init
-from .train import TrainingRun, load_checkpoint, save_checkpoint, train, with_bos
+from .train import TrainingRun, train, with_bos
 
 __all__ = ["SinkConfig", "SinkExperimentResult", "PRESETS", "run_sink_experiment", "sink_model", "SINK_MODEL_PATH", "checks", "summary", "corpus_data", "eval_tokens"]
 

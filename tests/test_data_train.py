@@ -6,8 +6,9 @@ import torch
 
 import lens_bias
 from lens_bias import LensBiasError
+from lens_bias.checkpoints import load_checkpoint
 from lens_bias.data import Corpus, TokenData, code, hf_dataset, prose, text_files
-from lens_bias.train import batch_order, load_checkpoint, train
+from lens_bias.train import batch_order, train
 
 
 @pytest.fixture(scope="module")

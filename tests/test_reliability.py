@@ -12,8 +12,8 @@ import lens_bias.hooks as H
 from lens_bias import LensBiasError, memory
 from lens_bias.cli import main
 from lens_bias.adapter import Probe, last_position
+from lens_bias.checkpoints import load_checkpoint, save_checkpoint
 from lens_bias.seedprint import Fingerprint, fingerprint
-from lens_bias.train import load_checkpoint, save_checkpoint
 
 from .conftest import assert_same_state, hook_snapshot, state_copy, tiny, warmed_snapshot
 

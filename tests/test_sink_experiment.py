@@ -102,7 +102,7 @@ def test_shipped_sink_model_has_a_first_token_sink_and_mask_to_self_moves_it():
 def test_checkpoint_layouts_convert_both_ways():
     """TL 4 bridge (HF layout) <-> TL 3 HookedTransformer layout: pure reshapes, exact both ways."""
     from lens_bias.models import ModelSpec
-    from lens_bias.train import _bridge_to_hooked, _hooked_to_bridge
+    from lens_bias.checkpoints import _bridge_to_hooked, _hooked_to_bridge
 
     saved = torch.load(SINK_MODEL_PATH, weights_only=True)
     spec = ModelSpec.from_dict(saved["spec"])
