@@ -16,16 +16,12 @@ from typing import Any, Sequence
 import torch
 
 from . import _tl, memory, seedprint
-from .checkpoints import load_checkpoint, save_checkpoint
+from .checkpoints import save_checkpoint
 from .errors import LensBiasError
-from .models import ACTIVATIONS, ARCHS, POSITIONAL_EMBEDDINGS, ModelSpec, pretrained, random_init
-from .pretrained import SHIPPED
+from .models import ACTIVATIONS, ARCHS, POSITIONAL_EMBEDDINGS, load_model, random_init
 from .report import SECTIONS, analyze
 
-__all__ = ["main", "build_parser", "parse_model_spec"]
-
-# Short keys of a model spec string ("llama:d=256,L=4,seed=3") -> ModelSpec fields.
-_SPEC_KEYS = {"d": "d_model", "L": "n_layers", "H": "n_heads", "V": "d_vocab", "ctx": "n_ctx", "act": "act_fn", "pos": "positional_embedding", "mlp": "d_mlp"}
+__all__ = ["main", "build_parser"]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _ALL_ACTS = sorted({a for acts in ACTIVATIONS.values() for a in acts})
@@ -177,23 +173,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def parse_model_spec(text: str) -> ModelSpec:
-    """``"llama:d=256,L=4,seed=3"`` -> ``ModelSpec(arch="llama", d_model=256, n_layers=4, seed=3)``."""
-    arch, _, rest = text.partition(":")
-    fields: dict[str, object] = {}
-    for item in filter(None, rest.split(",")):
-        key, eq, value = (part.strip() for part in item.partition("="))
-        name = _SPEC_KEYS.get(key, key)
-        if not eq or name not in ModelSpec.__dataclass_fields__ or name == "arch":
-            raise LensBiasError(f"bad model spec item {item!r}: use key=value with keys {sorted(_SPEC_KEYS)} or ModelSpec fields")
-        kind = str(ModelSpec.__dataclass_fields__[name].type)  # "int", "float", "bool", "str | None", ...
-        try:
-            fields[name] = (value.lower() in ("1", "true", "yes")) if kind == "bool" else float(value) if kind == "float" else int(value) if kind.startswith("int") else value
-        except ValueError:
-            raise LensBiasError(f"model spec {name}={value!r} is not a {kind}") from None
-    return ModelSpec(arch=arch.strip(), **fields).resolved()
-
-
 def _analyze(args: argparse.Namespace) -> str:
     if args.model is not None:
         model = load_model(args.model, device=args.device, dtype=_DTYPES[args.dtype])
@@ -236,22 +215,6 @@ def _random_model(args: argparse.Namespace) -> Any:
         device=args.device,
         dtype=_DTYPES[args.dtype],
     )
-
-
-def load_model(text: str, device: str | None = None, dtype: torch.dtype | None = None) -> Any:
-    """MODEL on the command line: a shipped model name (smollm2-135m-instruct), a .gguf file, a Hugging Face folder,
-    a lens_bias checkpoint, a random-init spec, or (online) a hub name."""
-    if text in SHIPPED or text.endswith(".gguf") or Path(text).is_dir():
-        return pretrained(text, device=device, dtype=dtype)
-    if Path(text).is_file():
-        model = load_checkpoint(text, device=device)
-        return model.to(dtype) if dtype is not None else model
-    arch = text.partition(":")[0].strip()
-    if arch in ARCHS:
-        return random_init(parse_model_spec(text), device=device, dtype=dtype)
-    if text.endswith(".pt"):
-        raise FileNotFoundError(f"no checkpoint at {text}")
-    return pretrained(text, device=device, dtype=dtype)
 
 
 def _fingerprint(args: argparse.Namespace) -> str:

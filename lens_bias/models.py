@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Union
 
 import torch
@@ -21,7 +22,7 @@ import torch
 from . import _tl
 from .errors import LensBiasError
 
-__all__ = ["ModelSpec", "random_init", "redraw", "pretrained", "from_hf", "ARCHS", "ACTIVATIONS", "POSITIONAL_EMBEDDINGS"]
+__all__ = ["ModelSpec", "random_init", "redraw", "parse_model_spec", "load_model", "pretrained", "from_hf", "ARCHS", "ACTIVATIONS", "POSITIONAL_EMBEDDINGS"]
 
 ARCHS = ("gpt2", "llama", "qwen2")
 # Activations each architecture family can be built with.
@@ -33,6 +34,8 @@ ACTIVATIONS = {
 POSITIONAL_EMBEDDINGS = {"gpt2": ("none", "learned", "rotary"), "llama": ("rotary",), "qwen2": ("rotary",)}
 _HF_ARCHITECTURE = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 _HOOKED_OUTPUTS = ("W_O", "W_out")  # TL 3 residual-output projections (scaled for gpt2)
+# Short keys of a model spec string ("llama:d=256,L=4,seed=3") -> ModelSpec fields.
+_SPEC_KEYS = {"d": "d_model", "L": "n_layers", "H": "n_heads", "V": "d_vocab", "ctx": "n_ctx", "act": "act_fn", "pos": "positional_embedding", "mlp": "d_mlp"}
 
 
 @dataclass(frozen=True)
@@ -197,6 +200,48 @@ def redraw(model: Any, seed: int) -> Any:
     return model
 
 
+def parse_model_spec(text: str) -> ModelSpec:
+    """``"llama:d=256,L=4,seed=3"`` -> ``ModelSpec(arch="llama", d_model=256, n_layers=4, seed=3)``, resolved.
+
+    Keys: d, L, H, V, ctx, act, pos, mlp, or any :class:`ModelSpec` field.
+
+    >>> parse_model_spec("gpt2:d=64,L=2,act=relu").act_fn
+    'relu'
+    """
+    arch, _, rest = text.partition(":")
+    fields: dict[str, object] = {}
+    for item in filter(None, rest.split(",")):
+        key, eq, value = (part.strip() for part in item.partition("="))
+        name = _SPEC_KEYS.get(key, key)
+        if not eq or name not in ModelSpec.__dataclass_fields__ or name == "arch":
+            raise LensBiasError(f"bad model spec item {item!r}: use key=value with keys {sorted(_SPEC_KEYS)} or ModelSpec fields")
+        kind = str(ModelSpec.__dataclass_fields__[name].type)  # "int", "float", "bool", "str | None", ...
+        try:
+            fields[name] = (value.lower() in ("1", "true", "yes")) if kind == "bool" else float(value) if kind == "float" else int(value) if kind.startswith("int") else value
+        except ValueError:
+            raise LensBiasError(f"model spec {name}={value!r} is not a {kind}") from None
+    return ModelSpec(arch=arch.strip(), **fields).resolved()
+
+
+def load_model(text: str, device: Union[str, torch.device, None] = None, dtype: torch.dtype | None = None) -> Any:
+    """The model one string names (the CLI's MODEL): a shipped model name (smollm2-135m-instruct), a .gguf file, a
+    Hugging Face folder, a lens_bias checkpoint, a random-init spec (:func:`parse_model_spec`), or (online) a hub
+    name."""
+    from .checkpoints import load_checkpoint  # checkpoints builds its models with random_init from here
+
+    if text in SHIPPED or text.endswith(".gguf") or Path(text).is_dir():
+        return pretrained(text, device=device, dtype=dtype)
+    if Path(text).is_file():
+        model = load_checkpoint(text, device=device)
+        return model.to(dtype) if dtype is not None else model
+    arch = text.partition(":")[0].strip()
+    if arch in ARCHS:
+        return random_init(parse_model_spec(text), device=device, dtype=dtype)
+    if text.endswith(".pt"):
+        raise FileNotFoundError(f"no checkpoint at {text}")
+    return pretrained(text, device=device, dtype=dtype)
+
+
 def _resolve_backend(backend: str) -> str:
     has_hooked = _tl.hooked_transformer_classes() is not None
     if backend == "auto":
@@ -343,4 +388,4 @@ def _freeze_zero(table: torch.nn.Parameter) -> None:
     table.requires_grad_(False)
 
 
-from .pretrained import from_hf, pretrained  # noqa: E402  (re-exported: lens_bias.models is the one place models come from)
+from .pretrained import SHIPPED, from_hf, pretrained  # noqa: E402  (re-exported: lens_bias.models is the one place models come from)

@@ -74,7 +74,7 @@ def test_fingerprint_then_seedprint(tmp_path, capsys):
 
 
 def test_model_spec_strings():
-    from lens_bias.cli import parse_model_spec
+    from lens_bias.models import parse_model_spec
 
     spec = parse_model_spec("gpt2:d=128,L=3,act=relu,pos=none,seed=7,init_std=0.01,attn_only=false")
     assert (spec.arch, spec.d_model, spec.n_layers, spec.act_fn, spec.positional_embedding, spec.seed, spec.init_std, spec.attn_only) == (
