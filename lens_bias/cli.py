@@ -234,10 +234,12 @@ def _fingerprint(args: argparse.Namespace) -> str:
 
 
 def _seedprint(args: argparse.Namespace) -> str:
-    result = seedprint.test(
+    if args.aggregate and args.null != "analytic":
+        raise LensBiasError("--aggregate combines with --null analytic only")
+    settings = {"analytic": {"aggregate": args.aggregate}, "seeds": {"n_null": args.n_null}}.get(args.null, {})
+    result = seedprint.lineage_test(
         seedprint.Fingerprint.load(args.a), seedprint.Fingerprint.load(args.b), m=args.m, ratio_k=args.ratio_k,
-        mode=args.mode, temperature=args.temperature, null=args.null, n_null=args.n_null, aggregate=args.aggregate,
-        alpha=args.alpha,
+        mode=args.mode, temperature=args.temperature, null=seedprint.null_named(args.null, **settings), alpha=args.alpha,
     )
     if args.json:
         fields = ("p", "log10_p", "tau_bar", "z", "k", "n", "m", "mode", "null", "alpha", "same_lineage", "p_rank", "reason")

@@ -462,7 +462,7 @@ def real_descendants(
 
     def record(name: str, target: Any, related: bool, eval_loss: float | None = None) -> None:
         prints[name] = fingerprint(target)
-        res = seedprint.test(base, prints[name], ratio_k=cfg.ratio_k, alpha=ALPHA)
+        res = seedprint.lineage_test(base, prints[name], ratio_k=cfg.ratio_k, alpha=ALPHA)
         expected = f"related, p < {STRONG:g}" if related else "unrelated"
         ok = res.p < STRONG if related else res.p >= ALPHA
         rows.append({

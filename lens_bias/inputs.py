@@ -226,8 +226,13 @@ class RandomEmbeddings:
         return self[0 : self.n]
 
 
-def random_embeddings(model: Any, n: int, seq_len: int, seed: int = 42) -> RandomEmbeddings:
-    """Gaussian input embeddings with the mean and std of ``model``'s own embedding matrix.
+def random_embeddings(model: Any, n: int, seq_len: int, seed: int = 42, *, std: float | None = None) -> RandomEmbeddings:
+    """Gaussian input embeddings: N(mean, std) of ``model``'s own embedding matrix, or N(0, ``std``) when given.
+
+    The two conventions answer two questions. W_E's statistics (the default, what ``analyze`` uses) put the inputs
+    on the scale this model's embeddings have. A fixed N(0, ``std``) gives every model of one width the very same
+    inputs, whatever its weights: what comparing two models needs (:func:`lens_bias.seedprint.fingerprint` passes
+    the init std, so a trained model and its init see identical inputs).
 
     The model receives them in place of its token embedding (lens_bias replaces the output of ``hook_embed``),
     so learned position embeddings, where the model has them, are still added.
@@ -236,12 +241,15 @@ def random_embeddings(model: Any, n: int, seq_len: int, seed: int = 42) -> Rando
     >>> m = lens_bias.models.random_init("gpt2", d_model=64, n_layers=2, n_heads=4, d_vocab=100, n_ctx=16)
     >>> round(random_embeddings(m, 8, 16).std, 2)
     0.02
+    >>> random_embeddings(m, 8, 16, std=1.0).mean, random_embeddings(m, 8, 16, std=1.0).std
+    (0.0, 1.0)
 
     Args:
         model: a TransformerLens model (its ``W_E`` is read, never modified).
         n: number of sequences.
         seq_len: positions per sequence.
         seed: seed of the per-row generators.
+        std: draw N(0, std) instead of following ``W_E`` (whose width is still read).
 
     Returns:
         A :class:`RandomEmbeddings` that draws rows on demand.
@@ -249,6 +257,8 @@ def random_embeddings(model: Any, n: int, seq_len: int, seed: int = 42) -> Rando
     w_e = getattr(model, "W_E", None)
     if not isinstance(w_e, Tensor):
         raise TypeError(f"random_embeddings needs a TransformerLens model with a W_E matrix, got {type(model).__name__}")
+    if std is not None:
+        return RandomEmbeddings(n=n, seq_len=seq_len, d_model=w_e.shape[-1], mean=0.0, std=std, seed=seed)
     w_e = w_e.detach().float()
     return RandomEmbeddings(n=n, seq_len=seq_len, d_model=w_e.shape[-1], mean=w_e.mean().item(), std=w_e.std().item(), seed=seed)
 
@@ -281,16 +291,20 @@ class InputSpec:
 
 
 def resolve_inputs(
-    inputs: Union[str, Inputs], *, model: Any, d_vocab: int, n_sequences: int, seq_len: int, seed: int
+    inputs: Union[str, Inputs], *, model: Any, d_vocab: int, n_sequences: int, seq_len: int, seed: int, embed_std: float | None = None
 ) -> tuple[Inputs, InputSpec]:
-    """Turn ``"tokens"`` / ``"embeddings"`` / a tensor into concrete inputs plus their :class:`InputSpec`."""
+    """Turn ``"tokens"`` / ``"text"`` / ``"embeddings"`` / a tensor into concrete inputs plus their :class:`InputSpec`.
+
+    ``"embeddings"`` follow :func:`random_embeddings`: the model's W_E statistics, or N(0, ``embed_std``) when
+    ``embed_std`` is given (the same inputs for every model of one width, as SeedPrint's fingerprints use).
+    """
     if isinstance(inputs, str):
         _check_count("n_sequences", n_sequences, 1)
         _check_count("seq_len", seq_len, 1)
         if inputs == "tokens":
             return random_tokens(n_sequences, seq_len, d_vocab, seed), InputSpec("tokens", n_sequences, seq_len, seed, d_vocab)
         if inputs == "embeddings":
-            return random_embeddings(model, n_sequences, seq_len, seed), InputSpec("embeddings", n_sequences, seq_len, seed)
+            return random_embeddings(model, n_sequences, seq_len, seed, std=embed_std), InputSpec("embeddings", n_sequences, seq_len, seed)
         if inputs == "text":
             tokenizer = getattr(model, "tokenizer", None)
             if tokenizer is None:

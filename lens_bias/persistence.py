@@ -19,7 +19,8 @@ path makes the analytic null unsafe there). Two models trained on the same prose
 beyond the analytic null (measured at the default size: τ̄ from −0.013 to +0.057 over the six pairs of trained
 seeds, analytic sd 0.0036), and a trained model answers embedding inputs less through its residual path than an
 init does; so every other comparison uses a data-matched null: the base against the models pretrained on the same
-batches from init seeds outside both lineages (the other main seeds plus ``n_null_trained`` extra ones).
+batches from init seeds outside both lineages (the other main seeds plus ``n_null_trained`` extra ones), a
+``SeedsNull`` labelled "trained seeds".
 """
 
 from __future__ import annotations
@@ -133,17 +134,32 @@ class PersistenceResult:
 
 
 KINDS = ("tokens", "embeddings")
-MATCHED = "trained seeds"
 
 
-def null_for(kind: str, base: str, target: str) -> str:
-    """The null that judges ``base`` vs ``target`` (model names such as "init 42", "trained 1000")."""
+def null_for(
+    kind: str, base: str, target: str, *, fresh: Sequence[seedprint.Fingerprint], trained: dict[int, seedprint.Fingerprint]
+) -> seedprint.Null:
+    """The null that judges ``base`` vs ``target`` (model names such as "init 42", "trained 1000") on ``kind`` inputs.
+
+    Args:
+        kind: "tokens" or "embeddings".
+        base: the base model's name.
+        target: the suspect's name.
+        fresh: fingerprints of fresh inits on these inputs (the seeds null of embedding-input table 1).
+        trained: init seed -> fingerprint of the model pretrained from it on these inputs (the data-matched null
+            takes those outside both lineages).
+
+    Returns:
+        ``AnalyticNull()``, ``SeedsNull(fingerprints=fresh)``, or the data-matched ``SeedsNull`` labelled
+        "trained seeds".
+    """
     both_trained = not base.startswith("init") and not target.startswith("init")
     if kind == "tokens" and not both_trained:
-        return "analytic"
+        return seedprint.AnalyticNull()
     if kind == "embeddings" and target.startswith("init"):
-        return "seeds"
-    return MATCHED
+        return seedprint.SeedsNull(fingerprints=fresh)
+    outside = {_lineage(base), _lineage(target)}
+    return seedprint.SeedsNull(fingerprints=[fp for seed, fp in trained.items() if seed not in outside], label="trained seeds")
 
 
 def _lineage(name: str) -> int:
@@ -218,27 +234,21 @@ def run_persistence(
     rows = []
     for kind in kinds:
         for table, base, target, expected in comparisons:
-            null = null_for(kind, base, target)
-            if null == "analytic":
-                against = {}
-            elif null == "seeds":
-                against = {"null": "seeds", "null_fingerprints": nulls[kind]}
-            else:  # data-matched: models pretrained on the same batches from seeds outside both lineages
-                outside = {_lineage(base), _lineage(target)}
-                against = {"null": "seeds", "null_fingerprints": [prints[f"trained {s}"][kind] for s in [*SEEDS, *null_seeds] if s not in outside]}
-            res = seedprint.test(prints[base][kind], prints[target][kind], m=cfg.m, **against)
-            if table == 2 and null == "analytic":
+            trained_prints = {s: prints[f"trained {s}"][kind] for s in [*SEEDS, *null_seeds]}
+            null = null_for(kind, base, target, fresh=nulls.get(kind, ()), trained=trained_prints)
+            res = seedprint.lineage_test(prints[base][kind], prints[target][kind], m=cfg.m, null=null)
+            if table == 2 and isinstance(null, seedprint.AnalyticNull):
                 expected = f"related, p < {STRONG:g}"  # a null fitted to a few models is not trusted that far into its tail
             rows.append(
                 {
-                    "table": table, "base": base, "target": target, "inputs": kind, "null": null, "tau_bar": res.tau_bar,
+                    "table": table, "base": base, "target": target, "inputs": kind, "null": null.label, "tau_bar": res.tau_bar,
                     "k": res.k, "p": res.p, "log10_p": res.log10_p, "same_lineage": res.same_lineage, "expected": expected,
                     "ok": _as_expected(res.p, expected),
                 }
             )
     curve = []
     for path in checkpoints:  # init vs its own checkpoint: one side untrained, so the analytic null holds
-        res = seedprint.test(curve_base, fingerprint(load_checkpoint(path), "tokens"), m=cfg.m)
+        res = seedprint.lineage_test(curve_base, fingerprint(load_checkpoint(path), "tokens"), m=cfg.m)
         curve.append({"step": int(path.stem.removeprefix("step")), "log10_p": res.log10_p, "tau_bar": res.tau_bar, "same_lineage": res.same_lineage})
     shutil.rmtree(work, ignore_errors=True)
     return PersistenceResult(pd.DataFrame(rows), pd.DataFrame(curve), pd.DataFrame(training))

@@ -239,7 +239,7 @@ def base_print(smollm2):
 
 
 def _real_test(base_print, model):
-    return seedprint.test(base_print, seedprint.fingerprint(model, **REAL, progress=False), ratio_k=RATIO)
+    return seedprint.lineage_test(base_print, seedprint.fingerprint(model, **REAL, progress=False), ratio_k=RATIO)
 
 
 def test_smollm2_int8_and_pruned_descendants_are_related(smollm2, base_print):

@@ -131,7 +131,7 @@ def test_fingerprint(model, n, seq_len, vocab, batch_size, inputs):
 def test_seedprint_test(ab, m, ratio_k, temperature, mode):
     a, b = ab
     try:
-        result = lens_bias.seedprint.test(a, b, m=m, ratio_k=ratio_k, temperature=temperature, mode=mode)
+        result = lens_bias.seedprint.lineage_test(a, b, m=m, ratio_k=ratio_k, temperature=temperature, mode=mode)
     except EXPECTED as err:
         refused(err)
     else:

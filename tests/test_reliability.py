@@ -209,7 +209,7 @@ def test_nan_features_are_refused(garbage, tmp_path):
     with pytest.raises(LensBiasError, match="NaN/inf features"):
         Fingerprint.load(tmp_path / "nan.pt")
     with pytest.raises(LensBiasError, match="NaN/inf features"):
-        lens_bias.seedprint.test(fp, bad.features, m=8)
+        lens_bias.seedprint.lineage_test(fp, bad.features, m=8)
 
 
 # ---- interrupts and atomic files ----------------------------------------------------------------------------

@@ -108,7 +108,7 @@ def related_pair(n=400, d=48, strength=0.15, seed=0):
 def test_analytic_test_equals_the_reference_loop(mode, aggregate, strength):
     fa, fb = related_pair(strength=strength)
     ref = reference_seedprint(fa, fb, m=20, mode=mode, aggregate=aggregate)
-    res = sp.test(fa, fb, m=20, mode=mode, aggregate=aggregate)
+    res = sp.lineage_test(fa, fb, m=20, mode=mode, null=sp.AnalyticNull(aggregate=aggregate))
     assert res.identity_dims == ref["dims"] and res.k == len(ref["dims"])
     np.testing.assert_allclose(res.taus.numpy(), ref["taus"], atol=1e-6)  # stored as float32
     assert res.tau_bar == pytest.approx(ref["tau_bar"], abs=1e-12)
@@ -125,13 +125,13 @@ def test_analytic_test_equals_the_reference_loop(mode, aggregate, strength):
 
 def test_default_m_and_numpy_inputs():
     fa, fb = related_pair(d=60)
-    res = sp.test(fa.numpy(), fb.numpy())  # m = ⌊0.10 · 60⌋ = 6
+    res = sp.lineage_test(fa.numpy(), fb.numpy())  # m = ⌊0.10 · 60⌋ = 6
     assert res.m == 6 and res.identity_dims == reference_seedprint(fa, fb, 6)["dims"]
 
 
 def test_empirical_null_is_a_one_sided_test_against_pipeline_taus():
     fa, fb = related_pair(n=200, d=32)
-    res = sp.test(fa, fb, m=16, null="empirical", n_trials=4, test_type="welch", null_seed=5)
+    res = sp.lineage_test(fa, fb, m=16, null=sp.EmpiricalNull(n_trials=4, test_type="welch", seed=5))
     g = torch.Generator().manual_seed(5)
     pooled = []
     for _ in range(4):
@@ -148,30 +148,61 @@ def test_edge_cases():
     fa, fb = torch.randn(n, 10, generator=g), torch.randn(n, 10, generator=g)
     fa[:, :5] -= 5  # a's smallest means: dims 0-4; b's: dims 5-9
     fb[:, 5:] -= 5
-    disjoint = sp.test(fa, fb, m=5)
+    disjoint = sp.lineage_test(fa, fb, m=5)
     assert disjoint.p == 1 and disjoint.k == 0 and "no identity dimensions" in disjoint.reason
-    single = sp.test(fa, fa.clone(), m=1)
+    single = sp.lineage_test(fa, fa.clone(), m=1)
     assert single.p == 1 and "one identity dimension" in single.reason
     with pytest.raises(LensBiasError, match="same shape"):
-        sp.test(fa, fb[:50])
+        sp.lineage_test(fa, fb[:50])
     with pytest.raises(LensBiasError, match="same shape"):
-        sp.test(fa, fb[:, :9])
+        sp.lineage_test(fa, fb[:, :9])
     with pytest.raises(LensBiasError, match="m must be"):
-        sp.test(fa, fb, m=11)
-    with pytest.raises(LensBiasError, match="null must be"):
-        sp.test(fa, fb, null="bootstrap")
+        sp.lineage_test(fa, fb, m=11)
+    with pytest.raises(LensBiasError, match="null must be AnalyticNull.*null_named"):
+        sp.lineage_test(fa, fb, null="seeds")
 
 
 def test_nan_rows_are_dropped_with_a_warning():
     fa, fb = related_pair(n=300, d=40)
     dirty = fa.clone()
     dirty[[3, 7]] = float("nan")
+    with pytest.raises(LensBiasError, match="NaN/inf features"):
+        sp.lineage_test(dirty, fb, m=20)  # a bare tensor with NaN is refused; fingerprint() keeps NaN rows and warns
     with pytest.warns(UserWarning, match="dropping 2 of 300"):
-        res = sp.test(dirty, fb, m=20)
+        res = sp.lineage_test(sp.Fingerprint(features=dirty, inputs={}, model={}), fb, m=20)
     keep = torch.ones(300, dtype=torch.bool)
     keep[[3, 7]] = False
-    clean = sp.test(fa[keep], fb[keep], m=20)
+    clean = sp.lineage_test(fa[keep], fb[keep], m=20)
     assert res.n == 298 and res.tau_bar == pytest.approx(clean.tau_bar) and res.p == pytest.approx(clean.p)
+
+
+def test_nulls_are_named_objects_recorded_in_the_result():
+    fa, fb = related_pair(n=200, d=32)
+    nulls = [sp.AnalyticNull(aggregate=True), sp.EmpiricalNull(n_trials=2, test_type="u-test", seed=3), sp.SeedsNull(fingerprints=[])]
+    for null in nulls[:2]:
+        res = sp.lineage_test(fa, fb, m=16, null=null)
+        assert res.null == null.label and res.null_settings == null.to_dict()
+        assert sp.Null.from_dict(res.null_settings) == null and type(null).from_dict(null.to_dict()) == null
+    assert sp.null_named("empirical", n_trials=2, test_type="u-test", seed=3) == nulls[1]
+    assert sp.SeedsNull(fingerprints=[], label="trained seeds").to_dict() == {
+        "kind": "seeds", "label": "trained seeds", "n_null": 20, "seed": 0, "source": "fingerprints", "n_fingerprints": 0
+    }
+    with pytest.raises(LensBiasError, match="pass it again"):
+        sp.Null.from_dict(nulls[2].to_dict())
+    assert sp.Null.from_dict(nulls[2].to_dict(), fingerprints=[]) == nulls[2]
+    with pytest.raises(LensBiasError, match="not a recorded AnalyticNull"):
+        sp.AnalyticNull.from_dict(nulls[1].to_dict())
+    with pytest.raises(LensBiasError, match="only 0 null fingerprints"):
+        sp.lineage_test(fa, fb, m=16, null=nulls[2])
+    with pytest.raises(LensBiasError, match="not both"):
+        sp.SeedsNull(factory=lambda seed: None, fingerprints=[])
+    with pytest.raises(LensBiasError, match="n_null >= 3"):
+        sp.SeedsNull(n_null=2)
+    with pytest.raises(LensBiasError, match="test_type"):
+        sp.EmpiricalNull(test_type="z-test")
+    with pytest.raises(LensBiasError, match="null must be one of"):
+        sp.null_named("bootstrap")
+    assert sp.test is sp.lineage_test and not sp.lineage_test.__test__  # pytest never collects it
 
 
 # ---- fingerprints ---------------------------------------------------------------------------------------------
@@ -194,14 +225,30 @@ def test_fingerprint_reads_the_final_norm_at_the_last_position(tmp_path):
     assert torch.equal(back.features, fp.features) and back.inputs == fp.inputs and back.spec == fp.spec
 
 
+def test_embedding_inputs_are_the_init_std_gaussian_for_every_model():
+    """One input path: resolve_inputs draws N(0, init std), the same inputs whatever the model's W_E holds."""
+    model = lens_bias.random_init("llama", seed=3, **SMALL)
+    fp = sp.fingerprint(model, inputs="embeddings", n=6, seq_len=8, progress=False)
+    std = model.lens_bias_spec.init_std
+    same = sp.fingerprint(model, inputs=lens_bias.RandomEmbeddings(6, 8, 64, mean=0.0, std=std, seed=42), progress=False)
+    assert torch.equal(fp.features, same.features)
+    assert fp.inputs == {**same.inputs, "seed": 42, "mean": 0.0, "std": std}
+    with torch.no_grad():
+        model.W_E.mul_(3.0)  # as training moves W_E: the fingerprint's inputs stay, analyze's follow it
+    assert sp.fingerprint(model, inputs="embeddings", n=6, seq_len=8, progress=False).inputs == fp.inputs
+    assert lens_bias.random_embeddings(model, 6, 8).std == pytest.approx(3 * std, rel=0.05)
+    with pytest.raises(LensBiasError, match="inputs must be 'tokens', 'embeddings' or a tensor"):
+        sp.fingerprint(model, inputs="text", n=6, seq_len=8, progress=False)
+
+
 def test_fingerprints_of_different_inputs_are_refused():
     model = lens_bias.random_init("gpt2", **SMALL)
     base = sp.fingerprint(model, n=10, seq_len=8, progress=False)
     for other, detail in [(dict(seed=43), "seed"), (dict(vocab=1000), "vocab")]:
         with pytest.raises(LensBiasError, match=f"different inputs.*{detail}"):
-            sp.test(base, sp.fingerprint(model, n=10, seq_len=8, progress=False, **other))
+            sp.lineage_test(base, sp.fingerprint(model, n=10, seq_len=8, progress=False, **other))
     with pytest.raises(LensBiasError, match="same shape"):
-        sp.test(base, sp.fingerprint(model, n=11, seq_len=8, progress=False))
+        sp.lineage_test(base, sp.fingerprint(model, n=11, seq_len=8, progress=False))
 
 
 def test_fingerprint_leaves_the_model_alone_and_copies_for_another_dtype():
@@ -230,6 +277,8 @@ def test_compare_uses_the_smaller_vocabulary():
     b = lens_bias.random_init("gpt2", seed=1, **{**SMALL, "d_vocab": 1500})
     res = sp.compare(a, b, n=40, seq_len=8, m=32, progress=False)
     assert res.n == 40 and res.k >= 2
+    with pytest.raises(TypeError, match="unexpected keyword.*n_trials"):
+        sp.compare(a, b, n=40, seq_len=8, n_trials=3, progress=False)
 
 
 # ---- null calibration on models -------------------------------------------------------------------------------
@@ -259,7 +308,7 @@ def test_seeds_null_controls_false_positives_on_independent_models(record_proper
 def test_analytic_null_on_gaussian_features_through_the_whole_pipeline():
     # p = min(1, 2Φ̄(z)) makes the one-sided test conservative: expected FPR α/2 = 0.5%
     g = torch.Generator().manual_seed(0)
-    hits = sum(sp.test(torch.randn(500, 64, generator=g), torch.randn(500, 64, generator=g), m=32).same_lineage for _ in range(1000))
+    hits = sum(sp.lineage_test(torch.randn(500, 64, generator=g), torch.randn(500, 64, generator=g), m=32).same_lineage for _ in range(1000))
     assert hits / 1000 <= 0.01
 
 
@@ -289,21 +338,21 @@ def lineage_models():
 
 def test_lineage_with_token_inputs_and_the_analytic_null(lineage_models):
     a, b, child = (sp.fingerprint(m, n=1000, seq_len=32, progress=False) for m in lineage_models)
-    assert sp.test(a, b, m=64).p > 0.01
-    assert sp.test(a, child, m=64).p < 1e-10
-    assert sp.test(b, child, m=64).p > 0.01
+    assert sp.lineage_test(a, b, m=64).p > 0.01
+    assert sp.lineage_test(a, child, m=64).p < 1e-10
+    assert sp.lineage_test(b, child, m=64).p > 0.01
 
 
 def test_lineage_with_embedding_inputs_and_the_seeds_null(lineage_models):
     a, b, child = (sp.fingerprint(m, inputs="embeddings", n=500, seq_len=32, progress=False) for m in lineage_models)
-    with pytest.warns(UserWarning, match="null='seeds'"):
-        sp.test(a, b, m=64)  # the analytic null is unsafe here, and says so
+    with pytest.warns(UserWarning, match=r"null=SeedsNull\(\)"):
+        sp.lineage_test(a, b, m=64)  # the analytic null is unsafe here, and says so
     # fresh inits are unrelated to a and b alike, so one set of them serves both as bases
-    null = sp.seed_null_fingerprints(a, n_null=20, avoid=[11, 12], progress=False)
-    assert sp.test(a, b, m=64, null="seeds", null_fingerprints=null).p > 0.01
-    related = sp.test(a, child, m=64, null="seeds", null_fingerprints=null)
+    null = sp.SeedsNull(fingerprints=sp.seed_null_fingerprints(a, n_null=20, avoid=[11, 12], progress=False))
+    assert sp.lineage_test(a, b, m=64, null=null).p > 0.01
+    related = sp.lineage_test(a, child, m=64, null=null)
     assert related.p < 1e-10 and related.p_rank == pytest.approx(1 / 21)
-    assert sp.test(b, child, m=64, null="seeds", null_fingerprints=null).p > 0.01
+    assert sp.lineage_test(b, child, m=64, null=null).p > 0.01
 
 
 def test_report_fingerprint_section_shows_the_identity_dims_the_test_uses():

@@ -1,0 +1,36 @@
+"""SeedPrint: tell whether two models share an initialisation, from the bias they were born with.
+
+The algorithm is the SeedPrints camera-ready one (Tong et al., arXiv 2509.26404): the same N random inputs go
+through both models (:func:`fingerprint`); the features are the final normalized hidden states at the last
+position. :func:`lineage_test` (alias ``test``) picks the identity dimensions, takes Kendall's τ-b per dimension
+between the two models and judges the mean τ̄ against a null: :class:`AnalyticNull` (the closed form),
+:class:`EmpiricalNull` or :class:`SeedsNull`.
+
+For small models the analytic null is anti-conservative (shared residual path with embedding inputs, repeated
+last tokens when N ≫ V): ``SeedsNull()`` judges τ̄ against fresh random inits of the base model's architecture
+on the same inputs, which controls both by construction; :func:`calibrate` measures each null's false-positive
+rate.
+
+Modules: :mod:`~lens_bias.seedprint.fingerprints` (the features), :mod:`~lens_bias.seedprint.statistic` (identity
+dimensions, τ̄), :mod:`~lens_bias.seedprint.nulls`, :mod:`~lens_bias.seedprint.lineage` (the test, ``compare``)
+and :mod:`~lens_bias.seedprint.calibration`.
+
+>>> import lens_bias
+>>> small = dict(d_model=64, n_layers=2, n_heads=4, d_vocab=500, n_ctx=16)
+>>> a = fingerprint(lens_bias.random_init("gpt2", seed=1, **small), n=64, seq_len=16, progress=False)
+>>> b = fingerprint(lens_bias.random_init("gpt2", seed=2, **small), n=64, seq_len=16, progress=False)
+>>> result = lineage_test(a, b, m=32, null=EmpiricalNull(n_trials=2))
+>>> result.k > 1, 0 <= result.p <= 1, result.null_settings["kind"]
+(True, True, 'empirical')
+"""
+
+from .calibration import calibrate
+from .fingerprints import FeaturesLike, Fingerprint, fingerprint, regenerate_inputs
+from .lineage import SeedPrintResult, compare, lineage_test, test
+from .nulls import NULLS, AnalyticNull, EmpiricalNull, Null, SeedsNull, null_named, seed_null_fingerprints
+from .statistic import MODES, identity_dims, tau_null_sd
+
+__all__ = [
+    "Fingerprint", "SeedPrintResult", "fingerprint", "lineage_test", "test", "compare", "calibrate", "identity_dims", "tau_null_sd",
+    "seed_null_fingerprints", "regenerate_inputs", "Null", "AnalyticNull", "EmpiricalNull", "SeedsNull", "null_named", "NULLS", "MODES", "FeaturesLike",
+]

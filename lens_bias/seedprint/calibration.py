@@ -1,0 +1,93 @@
+"""False-positive rates of the nulls on pairs of independent random inits (:func:`calibrate`)."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import replace
+from typing import Any, Callable, Sequence, Union
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from ..errors import LensBiasError
+from .fingerprints import Fingerprint, fingerprint
+from .lineage import lineage_test
+from .nulls import AnalyticNull, Null, SeedsNull
+
+__all__ = ["calibrate"]
+
+
+def calibrate(
+    factory: Callable[[int], Any],
+    *,
+    inputs: Union[str, Sequence[str]] = ("tokens", "embeddings"),
+    n_pairs: int = 100,
+    n: int = 500,
+    seq_len: int = 32,
+    seed: int = 42,
+    vocab: int | None = None,
+    nulls: Sequence[Null] = (AnalyticNull(), SeedsNull()),
+    alpha: float = 0.01,
+    first_seed: int = 0,
+    progress: bool = True,
+    **test_kwargs: Any,
+) -> pd.DataFrame:
+    """False-positive rate of each null on pairs of independent random inits of one architecture.
+
+    Builds ``n_null + 2·n_pairs`` models with init seeds ``first_seed, first_seed + 1, ...``, fingerprints each
+    once on the same inputs of every kind asked for, and tests every pair: any p < alpha is a false positive,
+    since no two of these models share an initialisation. The first ``n_null`` models (the largest ``n_null`` of
+    a :class:`SeedsNull` without fingerprints or factory of its own; 0 without one) are that null's fresh inits,
+    shared by every pair.
+
+    Args:
+        factory: ``seed -> model``, e.g. ``lambda s: lens_bias.random_init("llama", d_model=128, seed=s)``.
+        inputs: "tokens", "embeddings" or both.
+        n_pairs: independent model pairs.
+        n: as in :func:`~lens_bias.seedprint.fingerprint`.
+        seq_len: as in :func:`~lens_bias.seedprint.fingerprint`.
+        seed: as in :func:`~lens_bias.seedprint.fingerprint`.
+        vocab: as in :func:`~lens_bias.seedprint.fingerprint`.
+        nulls: the nulls to calibrate (one row each per input kind, named by their label).
+        alpha: the significance level.
+        first_seed: the first init seed.
+        progress: a progress bar over models.
+        **test_kwargs: m, ratio_k, mode, temperature for :func:`~lens_bias.seedprint.lineage_test`.
+
+    Returns:
+        One row per input kind and null: pairs, false positives, FPR, and the median τ̄ and log10 p.
+    """
+    kinds = [inputs] if isinstance(inputs, str) else list(inputs)
+    if not all(isinstance(null, Null) for null in nulls):
+        raise LensBiasError(f"nulls must be null objects such as (AnalyticNull(), SeedsNull()), got {list(nulls)!r}")
+    # fresh inits are drawn here for the seeds nulls that bring no models of their own
+    n_null = max((null.n_null for null in nulls if isinstance(null, SeedsNull) and null.source == "recorded spec"), default=0)
+    prints: dict[str, list[Fingerprint]] = {kind: [] for kind in kinds}
+    for s in tqdm(range(first_seed, first_seed + n_null + 2 * n_pairs), desc="calibration models", disable=not progress):
+        model = factory(s)
+        for kind in kinds:
+            prints[kind].append(fingerprint(model, inputs=kind, n=n, seq_len=seq_len, seed=seed, vocab=vocab, progress=False))
+    rows = []
+    for kind in kinds:
+        fresh, pairs = prints[kind][:n_null], prints[kind][n_null:]
+        for null in nulls:
+            if isinstance(null, SeedsNull) and null.source == "recorded spec":
+                null = replace(null, fingerprints=fresh[: null.n_null])
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the unsafe-regime warning is what this function measures
+                outcomes = [lineage_test(pairs[2 * i], pairs[2 * i + 1], null=null, alpha=alpha, **test_kwargs) for i in range(n_pairs)]
+            false = sum(r.same_lineage for r in outcomes)
+            rows.append(
+                {
+                    "inputs": kind,
+                    "null": null.label,
+                    "pairs": n_pairs,
+                    "false_positives": false,
+                    "fpr": false / n_pairs,
+                    "alpha": alpha,
+                    "median_tau_bar": float(np.median([r.tau_bar for r in outcomes])),
+                    "median_log10_p": float(np.median([r.log10_p for r in outcomes])),
+                }
+            )
+    return pd.DataFrame(rows)

@@ -1,0 +1,254 @@
+"""SeedPrint fingerprints: a model's final normalized state at the last position of N recorded random inputs.
+
+Inputs come from :func:`lens_bias.inputs.resolve_inputs`, the path every analysis uses, with one convention for
+embedding inputs chosen explicitly there: N(0, ``embed_std``), the same for every model of one width (two models'
+fingerprints must see the same inputs, and a trained model's ``W_E`` statistics drift from its init's).
+
+>>> import lens_bias
+>>> small = dict(d_model=64, n_layers=2, n_heads=4, d_vocab=500, n_ctx=16)
+>>> fp = fingerprint(lens_bias.random_init("gpt2", seed=1, **small), n=8, seq_len=16, progress=False)
+>>> fp.n, fp.d, fp.inputs["kind"]
+(8, 64, 'tokens')
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import logging
+import warnings
+from dataclasses import asdict, dataclass, field
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any, Union
+
+import numpy as np
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from .. import _tl
+from .._io import atomic_save, load_torch_file
+from ..adapter import READOUT, ModelAdapter, last_position
+from ..errors import LensBiasError
+from ..inputs import Inputs, RandomEmbeddings, random_tokens, resolve_inputs
+
+__all__ = ["Fingerprint", "fingerprint", "regenerate_inputs", "FeaturesLike"]
+
+logger = logging.getLogger(__name__)
+
+FeaturesLike = Union["Fingerprint", Tensor, np.ndarray]
+# Embedding inputs of a model whose init std lens_bias did not record: the Hugging Face initializer range.
+DEFAULT_EMBED_STD = 0.02
+
+
+@dataclass
+class Fingerprint:
+    """A model's SeedPrint features on a recorded set of random inputs; ``save`` once, compare many times."""
+
+    features: Float[Tensor, "n d_model"]  # float32 CPU: the READOUT hook (final norm output) at the last position
+    inputs: dict[str, Any]  # kind, n, seq_len, seed, vocab / mean, std, and a digest of the exact inputs
+    model: dict[str, Any]  # lens_bias ModelInfo of the fingerprinted model
+    spec: dict[str, Any] | None = None  # lens_bias ModelSpec when lens_bias built the model (rebuilds the null)
+    versions: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def n(self) -> int:
+        return self.features.shape[0]
+
+    @property
+    def d(self) -> int:
+        return self.features.shape[1]
+
+    def save(self, path: Union[str, Path]) -> None:
+        """Write to ``path`` (a torch file holding only tensors and plain Python values).
+
+        The file is written under a temporary name and renamed, so an interrupted save never leaves a partial file.
+        """
+        atomic_save({"format": "lens_bias.Fingerprint/1", **asdict(self)}, path)
+
+    @classmethod
+    def load(cls, path: Union[str, Path]) -> "Fingerprint":
+        """Read a fingerprint written by :meth:`save`; a foreign, corrupt or non-finite file raises :class:`LensBiasError`."""
+        fix = "make one with `lens-bias fingerprint` or Fingerprint.save"
+        data = load_torch_file(path, "fingerprint", fix)
+        if data.pop("format", None) != "lens_bias.Fingerprint/1":
+            raise LensBiasError(f"{path} is not a lens_bias fingerprint file; {fix}")
+        names = {f for f in cls.__dataclass_fields__}
+        features = data.get("features")
+        if not names >= set(data) or not isinstance(features, Tensor) or features.ndim != 2 or not features.is_floating_point():
+            raise LensBiasError(f"{path} is a damaged lens_bias fingerprint (fields {sorted(data)}); {fix}")
+        if not torch.isfinite(features).all():
+            raise LensBiasError(f"{path} holds NaN/inf features: the fingerprinted model overflowed or is broken; {fix} in float32 or bfloat16")
+        return cls(**data)
+
+
+def _digest(inputs: Inputs) -> str:
+    if isinstance(inputs, RandomEmbeddings):
+        return "random-embeddings:" + repr(asdict(inputs))
+    return "sha256:" + hashlib.sha256(inputs.detach().cpu().contiguous().numpy().tobytes()).hexdigest()
+
+
+def _versions() -> dict[str, str]:
+    return {"lens_bias": version("lens-bias"), "transformer_lens": _tl.tl_version(), "torch": str(torch.__version__)}
+
+
+def _with_device_dtype(model: Any, device: Union[str, torch.device, None], dtype: torch.dtype | None) -> Any:
+    """The model itself, or a copy on ``device`` / in ``dtype``: the caller's model is never moved or cast."""
+    adapter = ModelAdapter(model)
+    want_device = torch.device(device) if device is not None else adapter.device
+    want_dtype = dtype
+    if want_dtype is None:
+        # fp16 overflows on long random sequences; the papers run half-precision models in bf16
+        want_dtype = torch.bfloat16 if adapter.dtype == torch.float16 else adapter.dtype
+    same_device = want_device.type == adapter.device.type and want_device.index in (None, adapter.device.index)
+    if same_device and want_dtype == adapter.dtype:
+        return model
+    logger.info("fingerprinting a copy of the model on %s in %s (the model you passed is not moved)", want_device, want_dtype)
+    clone = copy.deepcopy(model)
+    if hasattr(model, "lens_bias_spec"):
+        clone.lens_bias_spec = model.lens_bias_spec
+    return clone.to(want_device).to(want_dtype)
+
+
+def fingerprint(
+    model: Any,
+    *,
+    inputs: Union[str, Inputs] = "tokens",
+    n: int = 2000,
+    seq_len: int = 1024,
+    seed: int = 42,
+    vocab: int | None = None,
+    embed_std: float | None = None,
+    batch_size: int | None = None,
+    device: Union[str, torch.device, None] = None,
+    dtype: torch.dtype | None = None,
+    progress: bool = True,
+    distributed: bool = False,
+) -> Fingerprint | None:
+    """SeedPrint features of ``model``: the final normalized state at the last position of N random inputs.
+
+    The forward pass stops after the final norm (the unembedding is never computed) and keeps only the last
+    position, so memory does not grow with N beyond the ``[N, d_model]`` result.
+
+    Args:
+        model: any TransformerLens model (never modified).
+        inputs: "tokens" (IDs uniform in ``[0, vocab)``), "embeddings" (N(0, embed_std) in place of the token
+            embedding: the same inputs for every model of one width, where :func:`lens_bias.inputs.random_embeddings`
+            without ``std`` would follow each model's own ``W_E``), or explicit token IDs / embeddings; all resolved
+            by :func:`lens_bias.inputs.resolve_inputs`.
+        n: number of random sequences.
+        seq_len: tokens per sequence (the papers use 1024).
+        seed: seed of the random inputs (the papers use 42).
+        vocab: token IDs are drawn below this; use the smallest vocabulary of the models you will compare
+            (default: this model's ``d_vocab``).
+        embed_std: std of embedding inputs (default: the recorded init std of a lens_bias model, else 0.02, the
+            Hugging Face initializer range).
+        batch_size: sequences per forward pass.
+        device: run on this device (a copy of the model is moved, not the model itself).
+        dtype: run in this dtype (default: the model's, but bfloat16 for float16 models).
+        progress: a progress bar over batches.
+        distributed: under ``torchrun --nproc_per_node K``, shard the inputs across the K ranks (whole batches,
+            NCCL on GPUs with each rank on ``cuda:LOCAL_RANK``, gloo on CPU) and gather the features on rank 0 in
+            input order; the result equals the single-process fingerprint.
+
+    Returns:
+        A :class:`Fingerprint` (with ``distributed=True``: on rank 0; the other ranks get ``None``).
+    """
+    spec = getattr(model, "lens_bias_spec", None)
+    info = ModelAdapter(model).info
+    if isinstance(inputs, str):
+        if inputs not in ("tokens", "embeddings"):  # text: a seeds null could not regenerate it from the record
+            raise LensBiasError(f"inputs must be 'tokens', 'embeddings' or a tensor, got {inputs!r}")
+        vocab = info.d_vocab if vocab is None or inputs == "embeddings" else vocab
+        if vocab > info.d_vocab:
+            raise LensBiasError(f"vocab={vocab} exceeds the model's d_vocab={info.d_vocab}")
+    elif isinstance(inputs, (Tensor, RandomEmbeddings)):
+        vocab = info.d_vocab  # explicit token IDs are checked against the model's vocabulary
+    else:
+        raise TypeError(f"inputs must be 'tokens', 'embeddings', a tensor or RandomEmbeddings, got {type(inputs).__name__}")
+    std = embed_std if embed_std is not None else (spec.init_std if spec is not None else DEFAULT_EMBED_STD)
+    data, given = resolve_inputs(inputs, model=model, d_vocab=vocab, n_sequences=n, seq_len=seq_len, seed=seed, embed_std=std)
+    # drawn inputs record what regenerate_inputs needs to draw them again; the user's own tensor only its digest
+    drawn = isinstance(inputs, str)
+    described: dict[str, Any] = {"kind": given.kind, "n": given.n, "seq_len": given.seq_len, "seed": given.seed if drawn else None}
+    if drawn:
+        described.update({"vocab": vocab} if given.kind == "tokens" else {"mean": data.mean, "std": data.std})
+    described["digest"] = _digest(data)
+
+    probe = last_position(READOUT)
+    if distributed:
+        from .. import distributed as dist_util
+
+        dist_util.ensure_process_group()
+        device = device if device is not None else dist_util.local_device()
+        runner = _with_device_dtype(model, device, dtype)
+        batch = batch_size or ModelAdapter(runner).default_batch_size(data.shape[1])
+
+        def extract(start: int, stop: int) -> Tensor:
+            if start == stop:
+                return torch.zeros(0, info.d_model)
+            shard = data.view(start, stop) if isinstance(data, RandomEmbeddings) else data[start:stop]
+            return ModelAdapter(runner).collect(shard, [probe], batch_size=batch, progress=progress, desc="fingerprint")[probe.key]
+
+        gathered = dist_util.run_sharded(extract, data.shape[0], batch)
+        if gathered is None:
+            return None
+        features = gathered
+    else:
+        runner = _with_device_dtype(model, device, dtype)
+        features = ModelAdapter(runner).collect(data, [probe], batch_size=batch_size, progress=progress, desc="fingerprint")[probe.key]
+    nan_rows = int(torch.isnan(features).any(dim=1).sum())
+    if nan_rows:
+        warnings.warn(f"{nan_rows} of {features.shape[0]} feature rows are NaN (overflow?); lineage_test drops them", stacklevel=2)
+    return Fingerprint(
+        features=features,
+        inputs=described,
+        model=ModelAdapter(runner).info.to_dict(),
+        spec=spec.to_dict() if spec is not None else None,
+        versions=_versions(),
+    )
+
+
+def regenerate_inputs(base: Fingerprint) -> Inputs:
+    """The exact inputs a fingerprint was made from, rebuilt from its record (checked against its digest)."""
+    rec = base.inputs
+    if rec.get("seed") is None:
+        raise LensBiasError("this fingerprint was made from your own input tensor, which it does not store; pass SeedsNull(fingerprints=...)")
+    if rec["kind"] == "tokens":
+        data: Inputs = random_tokens(rec["n"], rec["seq_len"], rec["vocab"], rec["seed"])
+    else:
+        data = RandomEmbeddings(rec["n"], rec["seq_len"], base.d, mean=rec["mean"], std=rec["std"], seed=rec["seed"])
+    if _digest(data) != rec["digest"]:
+        raise LensBiasError("regenerated inputs do not match the fingerprint's digest (made by another lens_bias version?)")
+    return data
+
+
+
+def _as_features(x: FeaturesLike, name: str) -> Tensor:
+    if isinstance(x, Fingerprint):
+        return x.features
+    if isinstance(x, np.ndarray):
+        x = torch.from_numpy(x)
+    if isinstance(x, Tensor) and x.ndim == 2 and x.is_floating_point():
+        if not torch.isfinite(x).all():
+            raise LensBiasError(f"{name} holds NaN/inf features; fingerprint the model in float32 or bfloat16, or check its weights")
+        return x.detach().float().cpu()
+    raise TypeError(f"{name} must be a Fingerprint or a float [N, D] array/tensor, got {type(x).__name__}")
+
+
+def _check_compatible(a: FeaturesLike, b: FeaturesLike, fa: Tensor, fb: Tensor) -> None:
+    if fa.shape != fb.shape:
+        raise LensBiasError(
+            f"feature matrices must have the same shape (rows = the same inputs in the same order, same width); "
+            f"got {tuple(fa.shape)} and {tuple(fb.shape)}"
+        )
+    if isinstance(a, Fingerprint) and isinstance(b, Fingerprint):
+        keys = sorted(set(a.inputs) | set(b.inputs))
+        differ = [k for k in keys if a.inputs.get(k) != b.inputs.get(k)]
+        if differ:
+            detail = ", ".join(f"{k}: {a.inputs.get(k)!r} vs {b.inputs.get(k)!r}" for k in differ if k != "digest")
+            raise LensBiasError(
+                f"the fingerprints were made from different inputs ({detail or 'different input tensors'}); "
+                "fingerprint both models with the same inputs, n, seq_len, seed and vocab (the smallest vocabulary)"
+            )

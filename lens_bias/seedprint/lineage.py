@@ -1,0 +1,183 @@
+"""The lineage test: do two fingerprints share an initialisation? (:func:`lineage_test`, alias ``test``.)
+
+The algorithm is the SeedPrints camera-ready one (Tong et al., arXiv 2509.26404): the identity dimensions are the
+m dimensions with the smallest mean over inputs (intersected across the two models in "coset" mode); each row is
+softmaxed over them at temperature 10, and for every identity dimension Kendall's τ-b between the two models is
+taken across the inputs. The mean τ̄ is judged against a null (:mod:`lens_bias.seedprint.nulls`).
+
+>>> import lens_bias
+>>> from lens_bias.seedprint import fingerprint
+>>> small = dict(d_model=64, n_layers=2, n_heads=4, d_vocab=500, n_ctx=16)
+>>> a = fingerprint(lens_bias.random_init("gpt2", seed=1, **small), n=64, seq_len=16, progress=False)
+>>> b = fingerprint(lens_bias.random_init("gpt2", seed=2, **small), n=64, seq_len=16, progress=False)
+>>> result = lineage_test(a, b, m=32)
+>>> result.k > 1, 0 <= result.p <= 1, result.null
+(True, True, 'analytic')
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from ..adapter import ModelAdapter
+from ..errors import LensBiasError
+from .fingerprints import FeaturesLike, _as_features, _check_compatible, fingerprint
+from .nulls import AnalyticNull, Null, _Case
+from .statistic import MODES, _core
+
+__all__ = ["SeedPrintResult", "lineage_test", "test", "compare"]
+
+
+@dataclass
+class SeedPrintResult:
+    """The lineage verdict and everything it was computed from."""
+
+    p: float
+    log10_p: float
+    tau_bar: float  # mean Kendall τ over the identity dimensions
+    z: float  # τ̄ in null standard deviations (analytic, or against the seeds null)
+    k: int  # identity dimensions with a defined τ
+    n: int  # inputs used (NaN rows dropped)
+    m: int
+    mode: str
+    temperature: float
+    null: str  # the null's label
+    alpha: float
+    identity_dims: list[int]
+    taus: Float[Tensor, "k"]
+    means_a: Float[Tensor, "k"]
+    means_b: Float[Tensor, "k"]
+    null_settings: dict[str, Any] | None = None  # the null's to_dict()
+    reason: str | None = None  # why p = 1 without a test (k = 0 or 1)
+    tau_agg: float | None = None  # aggregate signal (AnalyticNull(aggregate=True))
+    z_agg: float | None = None
+    null_tau_bars: list[float] | None = None  # seeds null: base vs each of its models
+    p_rank: float | None = None  # seeds null: rank of τ̄ among the K + 1
+    null_taus_mean: float | None = None  # empirical null: pooled null τ's
+    null_taus_std: float | None = None
+
+    @property
+    def same_lineage(self) -> bool:
+        """The verdict: p < alpha."""
+        return self.p < self.alpha
+
+    def to_pandas(self) -> pd.DataFrame:
+        """Per identity dimension: τ and the two models' mean feature values."""
+        return pd.DataFrame({"dim": self.identity_dims, "tau": self.taus.tolist(), "mean_a": self.means_a.tolist(), "mean_b": self.means_b.tolist()})
+
+    def __str__(self) -> str:
+        verdict = "SAME lineage" if self.same_lineage else "no evidence of shared lineage"
+        extra = f" ({self.reason})" if self.reason else ""
+        rank = f", rank p {self.p_rank:.3g}" if self.p_rank is not None else ""
+        return (
+            f"SeedPrint ({self.null} null, {self.mode} identity dims, m {self.m}, k {self.k}, n {self.n}): "
+            f"τ̄ = {self.tau_bar:.4f}, z = {self.z:.2f}, p = {self.p:.3g} (log10 {self.log10_p:.1f}{rank}) -> {verdict} at α = {self.alpha}{extra}"
+        )
+
+
+def lineage_test(
+    a: FeaturesLike,
+    b: FeaturesLike,
+    *,
+    m: int | None = None,
+    ratio_k: float = 0.10,
+    mode: str = "coset",
+    temperature: float = 10.0,
+    null: Null = AnalyticNull(),
+    alpha: float = 0.01,
+    progress: bool = False,
+) -> SeedPrintResult:
+    """Do ``a`` and ``b`` share an initialisation? The SeedPrint distribution-correlation test.
+
+    Args:
+        a: the base model's :class:`~lens_bias.seedprint.Fingerprint`, or a float ``[N, D]`` array/tensor.
+        b: the suspect's, on the same inputs in the same order.
+        m: identity dimensions per model (default ``⌊ratio_k · D⌋``; at small D use about D/2).
+        ratio_k: m as a share of D when ``m`` is None.
+        mode: "coset" (identity dims of both models, intersected) or "base" (the base model's).
+        temperature: softmax temperature over the identity dims.
+        null: what τ̄ is judged against: ``AnalyticNull()`` (closed form; ``aggregate=True`` adds the aggregate
+            signal), ``EmpiricalNull(n_trials, test_type)`` (random N(0, I) features through the whole pipeline)
+            or ``SeedsNull(factory | fingerprints, label)`` (other models on the same inputs: fresh random inits
+            of the base architecture by default).
+        alpha: the significance level of the verdict.
+        progress: progress bars while a seeds null fingerprints its fresh inits.
+
+    Returns:
+        A :class:`SeedPrintResult`; ``same_lineage`` is ``p < alpha``; ``null`` is the null's label and
+        ``null_settings`` its ``to_dict()``.
+    """
+    if not isinstance(null, Null):
+        raise LensBiasError(
+            f"null must be AnalyticNull(), EmpiricalNull(...) or SeedsNull(...) from lens_bias.seedprint, got {null!r}"
+            + (f"; for {null!r} use lens_bias.seedprint.null_named({null!r})" if isinstance(null, str) else "")
+        )
+    if mode not in MODES:
+        raise LensBiasError(f"mode must be one of {MODES}, got {mode!r}")
+    fa, fb = _as_features(a, "a"), _as_features(b, "b")
+    _check_compatible(a, b, fa, fb)
+    keep = ~(torch.isnan(fa).any(dim=1) | torch.isnan(fb).any(dim=1))
+    if not keep.all():
+        warnings.warn(f"dropping {int((~keep).sum())} of {keep.numel()} input rows with NaN features", stacklevel=2)
+        fa, fb = fa[keep], fb[keep]
+    n, d = fa.shape
+    if n < 3:
+        raise LensBiasError(f"need at least 3 inputs with finite features, got {n}")
+    m = int(ratio_k * d) if m is None else m
+    if not 1 <= m <= d:
+        raise LensBiasError(f"m must be in [1, D={d}], got {m} (with m=None it is ⌊ratio_k·D⌋)")
+    null._check(a, n)
+
+    core = _core(fa, fb, m, mode, temperature)
+    dims = core.dims
+    result = SeedPrintResult(
+        p=1.0, log10_p=0.0, tau_bar=core.tau_bar, z=float("nan"), k=core.k, n=n, m=m, mode=mode, temperature=temperature,
+        null=null.label, alpha=alpha, identity_dims=dims.tolist(), taus=core.taus.float(),
+        means_a=fa[:, dims].mean(0), means_b=fb[:, dims].mean(0), null_settings=null.to_dict(),
+    )
+    if core.k < 2:
+        result.reason = (
+            "no identity dimensions in common" if dims.numel() == 0
+            else "one identity dimension: the softmax over it is constant and τ is undefined" if dims.numel() == 1
+            else "fewer than two identity dimensions with a defined τ"
+        )
+        return result
+    log_p = null._log_p(result, _Case(a, b, fa, fb, keep, m, mode, temperature, core, progress))
+    result.log10_p = log_p / math.log(10)
+    result.p = math.exp(log_p)
+    return result
+
+
+# The historical name; import ``lineage_test`` into test modules (pytest would collect a function named test*).
+test = lineage_test
+test.__test__ = False  # type: ignore[attr-defined]
+
+_FINGERPRINT_KEYWORDS = [name for name in inspect.signature(fingerprint).parameters if name not in ("model", "distributed")]
+_TEST_KEYWORDS = [name for name in inspect.signature(lineage_test).parameters if name not in ("a", "b", "progress")]
+
+
+def compare(model_a: Any, model_b: Any, *, progress: bool = True, **keywords: Any) -> SeedPrintResult:
+    """Fingerprint both models on the same random inputs and :func:`lineage_test` them (``a`` is the base).
+
+    ``keywords`` are those of :func:`~lens_bias.seedprint.fingerprint` (inputs, n, seq_len, seed, vocab,
+    embed_std, batch_size, device, dtype) and of :func:`lineage_test` (m, ratio_k, mode, temperature, null,
+    alpha), with their defaults. Token IDs are drawn below the smaller of the two vocabularies unless ``vocab``
+    is given.
+    """
+    unknown = sorted(set(keywords) - set(_FINGERPRINT_KEYWORDS) - set(_TEST_KEYWORDS))
+    if unknown:
+        raise TypeError(f"compare() got unexpected keyword(s) {unknown}; it takes those of fingerprint {_FINGERPRINT_KEYWORDS} and lineage_test {_TEST_KEYWORDS}")
+    common = {k: v for k, v in keywords.items() if k in _FINGERPRINT_KEYWORDS}
+    if common.get("vocab") is None and isinstance(common.get("inputs", "tokens"), str) and common.get("inputs", "tokens") == "tokens":
+        common["vocab"] = min(ModelAdapter(model_a).info.d_vocab, ModelAdapter(model_b).info.d_vocab)
+    against = {k: v for k, v in keywords.items() if k in _TEST_KEYWORDS}
+    return lineage_test(fingerprint(model_a, progress=progress, **common), fingerprint(model_b, progress=progress, **common), progress=progress, **against)

@@ -1,0 +1,306 @@
+"""The nulls a lineage test judges τ̄ against, as named objects: ``lineage_test(a, b, null=SeedsNull())``.
+
+| null | what p is measured against |
+|---|---|
+| :class:`AnalyticNull` | the closed form sd(τ̄) = sd(τ)/√k, p = min(1, 2·Φ̄(z)) |
+| :class:`EmpiricalNull` | τ's of random N(0, I) features through the whole pipeline |
+| :class:`SeedsNull` | τ̄ of the base against other models on the same inputs: fresh random inits of its architecture, or any fingerprints you pass (e.g. models trained on the same data from other seeds, a data-matched null) |
+
+Each is a frozen dataclass with a ``label`` (what results and tables call it); ``to_dict`` is what a
+:class:`~lens_bias.seedprint.SeedPrintResult` records, and :meth:`Null.from_dict` reads it back.
+
+>>> SeedsNull(n_null=5, label="fresh inits").to_dict()
+{'kind': 'seeds', 'label': 'fresh inits', 'n_null': 5, 'seed': 0, 'source': 'recorded spec', 'n_fingerprints': None}
+>>> Null.from_dict(EmpiricalNull(n_trials=4).to_dict())
+EmpiricalNull(n_trials=4, test_type='t-test', seed=0, label='empirical')
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field, fields, replace
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
+
+import numpy as np
+import torch
+from scipy.stats import mannwhitneyu, t as student_t, ttest_ind
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from ..errors import LensBiasError
+from ..models import ModelSpec, random_init, redraw
+from ..stats import kendall_tau_b
+from .fingerprints import FeaturesLike, Fingerprint, _as_features, _check_compatible, fingerprint, regenerate_inputs
+from .statistic import _core, _Core, _log_p_scaled_sf, tau_null_sd
+
+if TYPE_CHECKING:
+    from .lineage import SeedPrintResult
+
+__all__ = ["Null", "AnalyticNull", "EmpiricalNull", "SeedsNull", "NULLS", "null_named", "seed_null_fingerprints"]
+
+# Depth up to which the shared residual path makes the analytic null unsafe with embedding inputs (calibration:
+# unrelated llama-style seeds reach p ≈ 1e-60 at 4 layers and p < 0.01 at 12 layers of width 128).
+_SHALLOW_LAYERS = 12
+TEST_TYPES = ("t-test", "welch", "u-test")
+
+
+@dataclass(frozen=True)
+class _Case:
+    """What a null judges: the two inputs as given, their finite feature rows, and the statistic on them."""
+
+    a: FeaturesLike
+    b: FeaturesLike
+    fa: Tensor
+    fb: Tensor
+    keep: Tensor  # the rows of a's and b's features without NaN
+    m: int
+    mode: str
+    temperature: float
+    core: _Core
+    progress: bool
+
+
+class Null:
+    """A null distribution of the lineage test (the base of :class:`AnalyticNull`, :class:`EmpiricalNull`, :class:`SeedsNull`)."""
+
+    kind: ClassVar[str]
+    label: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """The null's settings as plain values (what a result records)."""
+        return {"kind": self.kind, **{f.name: getattr(self, f.name) for f in fields(self)}}  # type: ignore[arg-type]
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], **objects: Any) -> "Null":
+        """The null that ``to_dict`` recorded; ``objects`` supply what a dict cannot hold (``SeedsNull``'s factory or fingerprints)."""
+        kinds = {k.kind: k for k in (AnalyticNull, EmpiricalNull, SeedsNull)}
+        settings = dict(d)
+        kind = settings.pop("kind", None)
+        if kind not in kinds or cls not in (Null, kinds[kind]):
+            raise LensBiasError(f"not a recorded {cls.__name__}: kind {kind!r} (expected one of {sorted(kinds)})")
+        return kinds[kind]._from_settings(settings, objects)
+
+    @classmethod
+    def _from_settings(cls, settings: dict[str, Any], objects: dict[str, Any]) -> "Null":
+        return cls(**settings, **objects)
+
+    def _check(self, a: FeaturesLike, n: int) -> None:
+        """Warnings or refusals before the statistic is computed (none by default)."""
+
+    def _log_p(self, result: "SeedPrintResult", case: _Case) -> float:
+        """Natural log of p; fills the result's z and the null's own fields."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class AnalyticNull(Null):
+    """sd(τ̄) = √(2(2n+5)/(9n(n−1)))/√k and p = min(1, 2·Φ̄(z)); with ``aggregate`` also the aggregate signal
+    (Kendall τ of the identity dims' row means), p = min(1, 4·Φ̄(max(z, z_agg))).
+
+    Unsafe for small models with embedding inputs (the shared residual path) and for N > V/4 token inputs
+    (repeated last tokens): the lineage test warns there.
+    """
+
+    aggregate: bool = False
+    label: str = "analytic"
+    kind: ClassVar[str] = "analytic"
+
+    def _check(self, a: FeaturesLike, n: int) -> None:
+        if not isinstance(a, Fingerprint):
+            return
+        kind, layers = a.inputs.get("kind"), a.model.get("n_layers", 0)
+        if kind == "embeddings" and layers <= _SHALLOW_LAYERS:
+            warnings.warn(
+                f"the analytic null is unsafe for embedding inputs on a {layers}-layer model: the shared residual path "
+                "makes unrelated seeds look related. Use null=SeedsNull() (or check with lens_bias.seedprint.calibrate)",
+                stacklevel=3,
+            )
+        vocab = a.inputs.get("vocab")
+        if kind == "tokens" and vocab and n > vocab / 4:
+            warnings.warn(
+                f"the analytic null is unsafe with N={n} token inputs over a vocabulary of {vocab} (N > V/4): repeated "
+                "last tokens shrink the effective sample size. Use null=SeedsNull() or more vocabulary",
+                stacklevel=3,
+            )
+
+    def _log_p(self, result: "SeedPrintResult", case: _Case) -> float:
+        sd = tau_null_sd(result.n)
+        result.z = case.core.tau_bar / (sd / math.sqrt(case.core.k))
+        if not self.aggregate:
+            return _log_p_scaled_sf(result.z, 2.0)
+        dims = case.core.dims
+        agg = kendall_tau_b(case.fa[:, dims].mean(1, keepdim=True), case.fb[:, dims].mean(1, keepdim=True))[0].item()
+        result.tau_agg, result.z_agg = agg, agg / sd
+        return _log_p_scaled_sf(max(result.z, result.z_agg), 4.0)
+
+
+@dataclass(frozen=True)
+class EmpiricalNull(Null):
+    """``n_trials`` pairs of random N(0, I) features (generator seeded with ``seed``) through the whole pipeline;
+    the real τ's against the pooled null τ's by a one-sided ``test_type``: "t-test" (Student), "welch" or
+    "u-test" (Mann-Whitney)."""
+
+    n_trials: int = 10
+    test_type: str = "t-test"
+    seed: int = 0
+    label: str = "empirical"
+    kind: ClassVar[str] = "empirical"
+
+    def __post_init__(self) -> None:
+        if self.test_type not in TEST_TYPES:
+            raise LensBiasError(f"test_type must be 't-test', 'welch' or 'u-test', got {self.test_type!r}")
+        if isinstance(self.n_trials, bool) or not isinstance(self.n_trials, int) or self.n_trials < 1:
+            raise LensBiasError(f"n_trials must be an int >= 1, got {self.n_trials!r}")
+
+    def _log_p(self, result: "SeedPrintResult", case: _Case) -> float:
+        generator = torch.Generator().manual_seed(self.seed)
+        shape = tuple(case.fa.shape)
+        pooled = []
+        for _ in range(self.n_trials):
+            ra, rb = torch.randn(shape, generator=generator), torch.randn(shape, generator=generator)
+            taus = _core(ra, rb, case.m, case.mode, case.temperature).taus
+            pooled.append(taus[~torch.isnan(taus)])
+        null_taus = torch.cat(pooled).numpy()
+        core = case.core
+        real = core.taus[~torch.isnan(core.taus)].numpy()
+        result.null_taus_mean, result.null_taus_std = float(null_taus.mean()), float(null_taus.std())
+        result.z = (core.tau_bar - result.null_taus_mean) / (result.null_taus_std / math.sqrt(core.k))
+        if self.test_type == "u-test":
+            p = mannwhitneyu(real, null_taus, alternative="greater").pvalue
+        else:
+            p = ttest_ind(real, null_taus, alternative="greater", equal_var=self.test_type == "t-test").pvalue
+        return math.log(max(float(p), 1e-300))
+
+
+@dataclass(frozen=True)
+class SeedsNull(Null):
+    """τ̄ of the base against the base vs each of K other models on the same inputs: a normal fit (Student-t
+    predictive) for the verdict, the rank p beside it.
+
+    The other models are ``fingerprints`` when given (any fingerprints of the base's inputs: models trained on
+    the same data from other init seeds make a data-matched null), else ``n_null`` fresh inits from ``factory``
+    (``seed -> model``), else from the base fingerprint's recorded spec; fresh inits use init seeds from
+    1,000,000 + ``seed`` on, skipping the seeds of the two models tested.
+    """
+
+    factory: Callable[[int], Any] | None = field(default=None, repr=False)
+    fingerprints: Sequence[Fingerprint] | None = field(default=None, repr=False)
+    n_null: int = 20
+    seed: int = 0
+    label: str = "seeds"
+    kind: ClassVar[str] = "seeds"
+
+    def __post_init__(self) -> None:
+        if self.factory is not None and self.fingerprints is not None:
+            raise LensBiasError("SeedsNull takes a factory (fresh inits) or precomputed fingerprints, not both")
+        if self.fingerprints is not None:
+            prints = tuple(self.fingerprints)
+            if not all(isinstance(f, Fingerprint) for f in prints):
+                raise TypeError("SeedsNull(fingerprints=...) takes Fingerprint objects (lens_bias.seedprint.fingerprint)")
+            object.__setattr__(self, "fingerprints", prints)  # frozen: a tuple, so the null cannot change under a result
+        elif self.n_null < 3:
+            raise LensBiasError(f"the seeds null needs n_null >= 3 fresh inits, got {self.n_null}")
+
+    @property
+    def source(self) -> str:
+        """Where the null's models come from: "fingerprints", "factory" or "recorded spec"."""
+        return "fingerprints" if self.fingerprints is not None else "factory" if self.factory is not None else "recorded spec"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Settings only: a factory and fingerprints are objects, recorded as their source and count."""
+        count = len(self.fingerprints) if self.fingerprints is not None else None
+        return {"kind": self.kind, "label": self.label, "n_null": self.n_null, "seed": self.seed, "source": self.source, "n_fingerprints": count}
+
+    @classmethod
+    def _from_settings(cls, settings: dict[str, Any], objects: dict[str, Any]) -> "Null":
+        source = settings.pop("source", "recorded spec")
+        settings.pop("n_fingerprints", None)
+        wanted = {"fingerprints": "fingerprints", "factory": "factory"}.get(source)
+        if wanted and wanted not in objects:
+            raise LensBiasError(f"this seeds null used a {wanted} that a dict cannot hold; pass it again: Null.from_dict(d, {wanted}=...)")
+        return cls(**settings, **objects)
+
+    def _log_p(self, result: "SeedPrintResult", case: _Case) -> float:
+        prints = self.fingerprints
+        if prints is None:
+            if not isinstance(case.a, Fingerprint):
+                raise LensBiasError("SeedsNull() needs the base as a Fingerprint (to regenerate its inputs), or SeedsNull(fingerprints=...)")
+            avoid = {f.spec["seed"] for f in (case.a, case.b) if isinstance(f, Fingerprint) and f.spec}
+            prints = seed_null_fingerprints(case.a, n_null=self.n_null, factory=self.factory, first_seed=1_000_000 + self.seed, avoid=avoid, progress=case.progress)
+        null = []
+        for other in prints:
+            _check_compatible(case.a, other, _as_features(case.a, "a"), other.features)
+            tau = _core(case.fa, other.features[case.keep], case.m, case.mode, case.temperature).tau_bar
+            if not math.isnan(tau):
+                null.append(tau)
+        if len(null) < 3:
+            raise LensBiasError(f"only {len(null)} null fingerprints gave a defined τ̄; need at least 3")
+        k = len(null)
+        mean, sd = float(np.mean(null)), float(np.std(null, ddof=1))
+        result.null_tau_bars = null
+        result.z = (result.tau_bar - mean) / sd
+        result.p_rank = (1 + sum(x >= result.tau_bar for x in null)) / (k + 1)
+        # A new draw from a normal null with estimated mean and sd is Student-t with k-1 degrees of freedom after
+        # scaling by √(1 + 1/k): the exact "normal fit" p for k fresh inits.
+        return float(student_t.logsf(result.z / math.sqrt(1 + 1 / k), k - 1))
+
+
+NULLS = ("analytic", "empirical", "seeds")
+
+
+def null_named(name: str, **settings: Any) -> Null:
+    """The null called ``name`` ("analytic", "empirical" or "seeds", as the CLI spells them) with ``settings``.
+
+    >>> null_named("seeds", n_null=5)
+    SeedsNull(n_null=5, seed=0, label='seeds')
+    """
+    classes = {"analytic": AnalyticNull, "empirical": EmpiricalNull, "seeds": SeedsNull}
+    if name not in classes:
+        raise LensBiasError(f"null must be one of {NULLS}, got {name!r}")
+    return classes[name](**settings)
+
+
+def seed_null_fingerprints(
+    base: Fingerprint,
+    *,
+    n_null: int = 20,
+    factory: Callable[[int], Any] | None = None,
+    first_seed: int = 1_000_000,
+    avoid: Sequence[int] = (),
+    progress: bool = True,
+) -> list[Fingerprint]:
+    """Fingerprints of ``n_null`` fresh random inits of the base architecture, on the base's exact inputs.
+
+    Compute them once to share one seeds null between tests: ``SeedsNull(fingerprints=seed_null_fingerprints(base))``.
+
+    Args:
+        base: the base model's fingerprint (its inputs are regenerated from the record).
+        n_null: how many fresh inits.
+        factory: ``seed -> model``; default: the base's recorded spec with another seed (one model, re-drawn).
+        first_seed: the first init seed tried.
+        avoid: init seeds to skip (the base's and the suspect's own).
+        progress: a progress bar over the inits.
+
+    Returns:
+        ``n_null`` fingerprints.
+    """
+    if n_null < 3:
+        raise LensBiasError(f"the seeds null needs n_null >= 3 fresh inits, got {n_null}")
+    if factory is None:
+        if base.spec is None:
+            raise LensBiasError("the base model was not built by lens_bias, so its architecture cannot be rebuilt; pass SeedsNull(factory=lambda seed: ...)")
+        spec = ModelSpec.from_dict(base.spec)
+        built: list[Any] = []
+
+        def factory(seed: int) -> Any:  # one model, re-drawn per seed: building a bridge costs more than its weights
+            if not built:
+                built.append(random_init(replace(spec, seed=seed)))
+            return redraw(built[0], seed)
+    data = regenerate_inputs(base)
+    seeds = [s for s in range(first_seed, first_seed + n_null + len(avoid)) if s not in avoid][:n_null]
+    prints = []
+    for seed in tqdm(seeds, desc="seeds null", disable=not progress):
+        prints.append(fingerprint(factory(seed), inputs=data, progress=False))
+        prints[-1].inputs.update({k: v for k, v in base.inputs.items() if k != "digest"})
+    return prints
