@@ -215,6 +215,8 @@ class ModelAdapter:
         param = next(model.parameters(), None)
         if param is None:
             raise TypeError(f"{type(model).__name__} has no parameters")
+        if param.is_meta:
+            raise LensBiasError(f"{type(model).__name__}'s weights are on the meta device (shapes, no data); load real weights first, e.g. model.to_empty(device='cpu') and a state dict")
         n_heads = int(cfg.n_heads)
         d_model = int(cfg.d_model)
         self.info = ModelInfo(

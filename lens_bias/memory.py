@@ -69,9 +69,11 @@ def check_device(device: Union[str, torch.device, None]) -> torch.device:
             )
         if dev.index is not None and dev.index >= torch.cuda.device_count():
             raise LensBiasError(f"device {device!r} does not exist: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    elif dev.type == "meta":  # shapes without data: every pass lens_bias runs reads real values
+        raise LensBiasError(f"device {device!r} holds no data, and lens_bias runs real forward passes; use --device cpu or cuda")
     elif dev.type == "mps" and not torch.backends.mps.is_available():
         raise LensBiasError(f"device {device!r} was requested but MPS is not available; use --device cpu")
-    elif dev.type not in ("cpu", "cuda", "mps", "meta"):
+    elif dev.type not in ("cpu", "cuda", "mps"):
         backend = getattr(torch, dev.type, None)
         if backend is None or not getattr(backend, "is_available", lambda: False)():
             raise LensBiasError(f"device {device!r} is not available in this torch build; use --device cpu")

@@ -67,6 +67,13 @@ def test_unknown_device_name(capsys):
     one_line_error(capsys, ["analyze", *SMALL, "--device", "tpu9"], "is not a torch device")
 
 
+def test_meta_device_and_meta_weights_are_refused(capsys, model):
+    one_line_error(capsys, ["analyze", *SMALL, "--device", "meta"], "holds no data")
+    ghost = copy.deepcopy(model).to("meta")
+    with pytest.raises(LensBiasError, match="meta device"):
+        lens_bias.analyze(ghost, n_sequences=2, seq_len=4, progress=False)
+
+
 def test_unknown_model_name_offline(capsys, monkeypatch, tmp_path):
     from huggingface_hub import constants
 
