@@ -4,7 +4,6 @@ Importing a module defines its ``Analysis`` subclass, which registers it as a re
 module here makes ``lens_bias.SECTIONS`` complete.
 """
 
-from .ablation import AblationResult, ablate
 from .contraction import Contraction, ContractionResult
 from .decomposition import Decomposition, DecompositionResult
 from .fingerprint import FingerprintSection, FingerprintSummary
@@ -15,4 +14,4 @@ from .super_neurons import SuperNeurons, SuperNeuronsResult
 from .super_weights import SuperWeightsResult, super_weight_table, super_weights
 from .token_preference import TokenPreference, TokenPreferenceResult
 
-__all__ = ["Contraction", "ContractionResult", "TokenPreference", "TokenPreferenceResult", "Decomposition", "DecompositionResult", "FingerprintSection", "FingerprintSummary", "ablate", "AblationResult", "PositionalVariance", "PositionalVarianceResult", "Sinks", "SinksResult", "sink_rate", "SuperNeurons", "SuperNeuronsResult", "massive_activations", "massive_ablation", "MassiveActivationsResult", "super_weights", "super_weight_table", "SuperWeightsResult"]
+__all__ = ["Contraction", "ContractionResult", "TokenPreference", "TokenPreferenceResult", "Decomposition", "DecompositionResult", "FingerprintSection", "FingerprintSummary", "PositionalVariance", "PositionalVarianceResult", "Sinks", "SinksResult", "sink_rate", "SuperNeurons", "SuperNeuronsResult", "massive_activations", "massive_ablation", "MassiveActivationsResult", "super_weights", "super_weight_table", "SuperWeightsResult"]

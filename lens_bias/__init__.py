@@ -16,7 +16,7 @@ from .errors import LensBiasError
 from .inputs import InputSpec, RandomEmbeddings, random_embeddings, random_tokens
 from .models import ModelSpec, from_hf, pretrained, random_init
 from .report import SECTIONS, BiasReport, analyze
-from .analyses.ablation import ablate
+from .experiments import ablate
 from .analyses.massive import massive_ablation, massive_activations
 from .analyses.super_weights import super_weight_table, super_weights
 from .perplexity import PerplexityTable, perplexity

@@ -248,7 +248,7 @@ def _seedprint(args: argparse.Namespace) -> str:
 
 
 def _persistence(args: argparse.Namespace) -> str:
-    from .persistence import run_persistence, summary
+    from .experiments.persistence import run_persistence, summary
 
     result = run_persistence(args.preset, inputs=args.inputs, progress=not args.no_progress)
     if args.out:
@@ -258,7 +258,7 @@ def _persistence(args: argparse.Namespace) -> str:
 
 
 def _sinks(args: argparse.Namespace) -> str:
-    from .sink_experiment import PRESETS, SINK_MODEL_PATH, run_sink_experiment, summary
+    from .experiments.sinks import PRESETS, SINK_MODEL_PATH, run_sink_experiment, summary
 
     trained = SINK_MODEL_PATH if args.trained == "shipped" else args.trained
     config = PRESETS["tiny" if args.tiny else args.preset]

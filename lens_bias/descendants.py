@@ -51,6 +51,7 @@ from tqdm.auto import tqdm
 from . import seedprint
 from .data import TokenData, code
 from .errors import LensBiasError
+from .experiments.tables import markdown_table
 from .train import TrainingRun, evaluate, train
 
 __all__ = [
@@ -406,13 +407,13 @@ class DescendantsResult:
 
     def markdown(self) -> str:
         """The table as markdown, the AUCs below it."""
-        rows = ["| pair | τ̄ | k | log10 p | verdict | expected | ‖Δθ‖/‖θ‖ | code loss |", "|---|---|---|---|---|---|---|---|"]
-        for r in self.table.itertuples():
-            mark = "" if r.ok else " ✗"
-            loss = "" if math.isnan(r.eval_loss) else f"{r.eval_loss:.3f}"
-            rows.append(f"| {r.pair} | {r.tau_bar:.4f} | {r.k} | {r.log10_p:.1f} | {r.verdict}{mark} | {r.expected} | {r.weight_change:.3g} | {loss} |")
+        t = self.table
+        shown = pd.DataFrame({
+            "pair": t.pair, "τ̄": t.tau_bar, "k": t.k, "log10 p": t.log10_p, "verdict": [v + ("" if ok else " ✗") for v, ok in zip(t.verdict, t.ok)],
+            "expected": t.expected, "‖Δθ‖/‖θ‖": t.weight_change, "code loss": ["" if math.isnan(v) else f"{v:.3f}" for v in t.eval_loss],
+        })
         tail = f"AUC (score −log10 p) = {self.auc_log10_p:.4f}; AUC (score τ̄) = {self.auc_tau:.4f}; base code loss {self.base_eval_loss:.3f} nats"
-        return "\n".join(rows) + "\n\n" + tail + "\n"
+        return markdown_table(shown, formats={"τ̄": ".4f", "log10 p": ".1f", "‖Δθ‖/‖θ‖": ".3g"}) + "\n\n" + tail + "\n"
 
 
 def real_descendants(

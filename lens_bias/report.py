@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence, Union
 import torch
 
 import lens_bias.analyses  # noqa: F401 - defines, and so registers, every section
-from lens_bias.analyses.ablation import AblationResult, ablate
+from lens_bias.experiments.ablation import AblationResult, ablate
 
 from .adapter import ModelAdapter, ModelInfo
 from .analysis import SECTIONS, Result, run_analyses

@@ -112,7 +112,7 @@ def test_training_refuses_mismatched_data(blocks):
 def test_tiny_persistence_run_gives_the_papers_verdicts(tmp_path):
     import pandas as pd
 
-    from lens_bias.persistence import run_persistence
+    from lens_bias.experiments.persistence import run_persistence
 
     result = run_persistence("tiny", inputs=("tokens", "embeddings"), progress=False)
     result.save(tmp_path)

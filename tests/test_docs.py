@@ -108,7 +108,7 @@ def test_readme_fits_on_two_screens_and_keeps_the_set_up_format():
 
 
 def test_shipped_text_speaks_of_the_software_only():
-    shipped = [ROOT / "README.md", *DOCS.rglob("*.md"), *(ROOT / "examples").glob("*.ipynb"), *(ROOT / "lens_bias").glob("*.py")]
+    shipped = [ROOT / "README.md", *DOCS.rglob("*.md"), *(ROOT / "examples").glob("*.ipynb"), *(ROOT / "lens_bias").rglob("*.py")]
     for path in shipped:
         text = path.read_text(encoding="utf-8")
         for pattern in (r"\.\./shared/", r"session that wrote", r"was lent to", r"previous release"):

@@ -8,13 +8,14 @@ import pytest
 
 import lens_bias
 import lens_bias.analyses
+import lens_bias.experiments
 import lens_bias.hooks
 import lens_bias.seedprint
 
 MODULES = sorted(
     {
         info.name
-        for package in (lens_bias, lens_bias.analyses, lens_bias.hooks, lens_bias.seedprint)
+        for package in (lens_bias, lens_bias.analyses, lens_bias.experiments, lens_bias.hooks, lens_bias.seedprint)
         for info in pkgutil.iter_modules(package.__path__, package.__name__ + ".")
         if info.name != "lens_bias.__main__"
     }

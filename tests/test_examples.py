@@ -76,7 +76,7 @@ def test_persistence_command_writes_files_and_exits_1_on_a_wrong_verdict(tmp_pat
     """The CLI plumbing around run_persistence (the run itself is tested in test_data_train.py)."""
     import pandas as pd
 
-    import lens_bias.persistence as persistence
+    import lens_bias.experiments.persistence as persistence
     from lens_bias.cli import main
 
     row = dict(table=1, base="init 42", target="init 123", inputs="tokens", null="analytic", tau_bar=0.3, k=10, p=1e-5, log10_p=-5.0, same_lineage=True, expected="unrelated", ok=False)

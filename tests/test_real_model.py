@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import lens_bias
-from lens_bias import real_model
+from lens_bias.experiments import real_model
 from lens_bias.errors import LensBiasError
 from lens_bias.inputs import text_tokens
 from lens_bias.pretrained import from_hf, load_hf, shipped_gguf

@@ -8,7 +8,7 @@ import torch
 
 from lens_bias import LensBiasError
 from lens_bias.cli import main
-from lens_bias.sink_experiment import PRESETS, SINK_MODEL_PATH, SinkConfig, SinkExperimentResult, checks, run_sink_experiment, sink_model
+from lens_bias.experiments.sinks import PRESETS, SINK_MODEL_PATH, SinkConfig, SinkExperimentResult, checks, run_sink_experiment, sink_model
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +71,7 @@ def test_unknown_preset_and_missing_model(tmp_path):
 def test_shipped_sink_model_has_a_first_token_sink_and_mask_to_self_moves_it():
     from lens_bias.analyses.sinks import Sinks
     from lens_bias.hooks import AmplifyVariance, MaskToSelf, ScaleNorm
-    from lens_bias.sink_experiment import _run, corpus_data, eval_tokens, random_init
+    from lens_bias.experiments.sinks import _run, corpus_data, eval_tokens, random_init
 
     model, cfg = sink_model()
     tokens = eval_tokens(corpus_data(cfg), cfg.n_eval)

@@ -16,16 +16,15 @@ from typing import Any, Sequence, Union
 import pandas as pd
 from tqdm.auto import tqdm
 
-from lens_bias import viz
-from lens_bias.adapter import ModelAdapter
-from lens_bias.analysis import Result, run_analyses
-from lens_bias.errors import LensBiasError
-from lens_bias.hooks import Intervention, OddActivation, SelfOnlyAttention, SwapActivation, UniformAttention
-from lens_bias.hooks.base import edit_records
-from lens_bias.inputs import Inputs, resolve_inputs
-
-from .contraction import Contraction
-from .token_preference import TokenPreference
+from .. import viz
+from ..adapter import ModelAdapter
+from ..analyses.contraction import Contraction
+from ..analyses.token_preference import TokenPreference
+from ..analysis import Result, run_analyses
+from ..errors import LensBiasError
+from ..hooks import Intervention, OddActivation, SelfOnlyAttention, SwapActivation, UniformAttention
+from ..hooks.base import edit_records
+from ..inputs import Inputs, resolve_inputs
 
 __all__ = ["ablate", "AblationResult", "CONDITIONS", "MLP_CONDITIONS"]
 

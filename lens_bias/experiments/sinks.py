@@ -29,25 +29,26 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from .adapter import ModelAdapter
-from .analyses.positional_variance import PositionalVariance, PositionalVarianceResult
-from .analyses.sinks import Sinks, SinksResult
-from .analyses.super_neurons import SuperNeurons
-from .analysis import Analysis, Result, run_analyses
-from .checkpoints import load_checkpoint, save_checkpoint
-from .data import TokenData, code, prose
-from .errors import LensBiasError
-from .hooks import AmplifyVariance, HeadwiseRMSNorm, Intervention, MaskToSelf, ScaleNorm, UniformAttention
-from .inputs import InputSpec, random_tokens
-from .models import ModelSpec, random_init
-from .train import TrainingRun, train, with_bos
+from ..adapter import ModelAdapter
+from ..analyses.positional_variance import PositionalVariance, PositionalVarianceResult
+from ..analyses.sinks import Sinks, SinksResult
+from ..analyses.super_neurons import SuperNeurons
+from ..analysis import Analysis, Result, run_analyses
+from ..checkpoints import load_checkpoint, save_checkpoint
+from ..data import TokenData, code, prose
+from ..errors import LensBiasError
+from ..hooks import AmplifyVariance, HeadwiseRMSNorm, Intervention, MaskToSelf, ScaleNorm, UniformAttention
+from ..inputs import InputSpec, random_tokens
+from ..models import ModelSpec, random_init
+from ..train import TrainingRun, train, with_bos
+from .tables import markdown_table
 
 __all__ = ["SinkConfig", "SinkExperimentResult", "PRESETS", "run_sink_experiment", "sink_model", "SINK_MODEL_PATH", "checks", "summary", "corpus_data", "eval_tokens"]
 
 logger = logging.getLogger(__name__)
 
 # The shipped sink model (trained by ``lens-bias sinks --preset sink-model``), loaded by examples and tests.
-SINK_MODEL_PATH = Path(__file__).parent / "assets" / "sink_model.pt"
+SINK_MODEL_PATH = Path(__file__).parent.parent / "assets" / "sink_model.pt"
 BOS = 0  # the tokenizer's <|endoftext|>: every training and evaluation sequence starts with it
 
 
@@ -143,17 +144,6 @@ class SinkExperimentResult:
             if len(table):
                 parts.append(f"### {title}\n\n{markdown_table(table)}")
         return "\n\n".join(parts) + "\n"
-
-
-def markdown_table(table: pd.DataFrame) -> str:
-    """A DataFrame as a GitHub markdown table, numbers to 4 significant digits (no tabulate dependency)."""
-
-    def cell(value: Any) -> str:
-        return f"{value:.4g}" if isinstance(value, float) else str(value)
-
-    lines = ["| " + " | ".join(map(str, table.columns)) + " |", "|" + "---|" * len(table.columns)]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in table.itertuples(index=False)]
-    return "\n".join(lines)
 
 
 def _run(model: Any, tokens: Tensor, analyses: Sequence[Analysis], interventions: Sequence[Intervention] = ()) -> dict[str, Result]:

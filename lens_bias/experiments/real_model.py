@@ -4,7 +4,7 @@
    tokens and one repeated token, with and without a BOS token, per layer and head.
 2. Massive activations and 3. super weights: :mod:`lens_bias.analyses.massive`, :mod:`lens_bias.analyses.super_weights`.
 4. Moving the sink (:func:`move_sink_table`): MaskToSelf(k), AmplifyVariance(k, λ) and the ScaleNorm(k, λ)
-   control on text, α_k and Sink_k with standard errors over sequences (``sink_experiment.intervention_table``).
+   control on text, α_k and Sink_k with standard errors over sequences (``lens_bias.experiments.sinks.intervention_table``).
 5. SeedPrint against descendants: :mod:`lens_bias.descendants`.
 6. Low precision (:func:`precision_table`): ``analyze`` in bf16 and fp16, every number finite, compared with float32.
 
@@ -18,16 +18,19 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import pandas as pd
 import torch
 
-from .analyses.sinks import DEFAULT_EPS, Sinks, SinksResult
-from .errors import LensBiasError
-from .inputs import random_tokens, repeated_tokens, text_tokens, with_bos
-from .report import BiasReport, analyze
-from .sink_experiment import _run, intervention_table, markdown_table
+from ..analyses.sinks import DEFAULT_EPS, Sinks, SinksResult
+from ..errors import LensBiasError
+from ..inputs import random_tokens, repeated_tokens, text_tokens, with_bos
+from .sinks import _run, intervention_table
+from .tables import markdown_table
+
+if TYPE_CHECKING:
+    from ..report import BiasReport
 
 __all__ = ["sink_inputs", "SinkTable", "sink_table", "move_sink_table", "precision_table", "RealModelConfig", "RealModelResult", "run"]
 
@@ -165,6 +168,8 @@ def precision_table(
     every number of that dtype's report (headlines and tables of all sections) is finite.
     """
     tokens = text_tokens(_tokenizer(model), n, seq_len, seed=seed)
+    from ..report import analyze  # lens_bias.report imports this package (ablate): import it when called
+
     reference = _flatten(analyze(model, inputs=tokens, progress=False))
     rows = []
     for dtype in dtypes:

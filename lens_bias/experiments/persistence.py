@@ -36,12 +36,13 @@ from typing import Any, Sequence, Union
 import pandas as pd
 from tqdm.auto import tqdm
 
-from . import seedprint
-from .checkpoints import load_checkpoint
-from .data import TokenData, code, prose
-from .errors import LensBiasError
-from .models import ModelSpec, random_init
-from .train import train
+from .. import seedprint
+from ..checkpoints import load_checkpoint
+from ..data import TokenData, code, prose
+from ..errors import LensBiasError
+from ..models import ModelSpec, random_init
+from ..train import train
+from .tables import markdown_table
 
 __all__ = ["PersistenceConfig", "PersistenceResult", "PRESETS", "run_persistence"]
 
@@ -108,7 +109,7 @@ class PersistenceResult:
 
     def plot(self) -> Any:
         """log10 p of the lineage test along the seed-42 run's checkpoints (a matplotlib Figure)."""
-        from .viz import plot_lineage
+        from ..viz import plot_lineage
 
         return plot_lineage(self.curve)
 
@@ -124,12 +125,10 @@ class PersistenceResult:
     def markdown(self) -> str:
         parts = []
         for kind, frame in self.tables.groupby("inputs", sort=False):
-            rows = ["| table | base | target | null | τ̄ | k | p | verdict | expected |", "|---|---|---|---|---|---|---|---|---|"]
-            for r in frame.itertuples():
-                verdict = "related" if r.same_lineage else "unrelated"
-                mark = "" if r.ok else " ✗"
-                rows.append(f"| {r.table} | {r.base} | {r.target} | {r.null} | {r.tau_bar:.4f} | {r.k} | {r.p:.2g} | {verdict}{mark} | {r.expected} |")
-            parts.append(f"{kind} inputs:\n\n" + "\n".join(rows))
+            verdicts = [("related" if same else "unrelated") + ("" if ok else " ✗") for same, ok in zip(frame.same_lineage, frame.ok)]
+            shown = pd.DataFrame({"table": frame.table, "base": frame.base, "target": frame.target, "null": frame.null, "τ̄": frame.tau_bar,
+                                  "k": frame.k, "p": frame.p, "verdict": verdicts, "expected": frame.expected})
+            parts.append(f"{kind} inputs:\n\n" + markdown_table(shown, formats={"τ̄": ".4f", "p": ".2g"}))
         return "\n\n".join(parts) + "\n"
 
 
