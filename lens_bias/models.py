@@ -287,22 +287,23 @@ def _init_params(
                 normal(p)
 
 
+def _tl_config(spec: ModelSpec) -> dict[str, Any]:
+    """The config fields a TL 4 native bridge (gpt2) and a TL 3 ``HookedTransformer`` take alike."""
+    return dict(
+        d_model=spec.d_model, d_head=spec.d_head, n_layers=spec.n_layers, n_ctx=spec.n_ctx, n_heads=spec.n_heads, d_vocab=spec.d_vocab,
+        act_fn=spec.act_fn, attn_only=spec.attn_only,
+        positional_embedding_type="rotary" if spec.positional_embedding == "rotary" else "standard",
+    )
+
+
 def _build_native(spec: ModelSpec) -> Any:
     from transformer_lens.config import TransformerBridgeConfig
     from transformer_lens.model_bridge.sources.native import boot
 
     cfg = TransformerBridgeConfig(
-        d_model=spec.d_model,
-        d_head=spec.d_head,
-        n_layers=spec.n_layers,
-        n_ctx=spec.n_ctx,
-        n_heads=spec.n_heads,
-        d_vocab=spec.d_vocab,
+        **_tl_config(spec),
         d_mlp=spec.d_mlp,
-        act_fn=spec.act_fn,
         normalization_type="LN",
-        positional_embedding_type="rotary" if spec.positional_embedding == "rotary" else "standard",
-        attn_only=spec.attn_only,
         # The native "gpt2" init mode is HF GPT-2's: N(0, initializer_range), residual outputs / √(2·n_layers),
         # drawn from a local generator seeded with `seed`.
         init_mode="gpt2",
@@ -352,21 +353,13 @@ def _build_hooked(spec: ModelSpec) -> Any:
     HookedTransformer, HookedTransformerConfig = _tl.hooked_transformer_classes()  # type: ignore[misc]
     llama_like = spec.arch != "gpt2"
     cfg = HookedTransformerConfig(
-        d_model=spec.d_model,
-        d_head=spec.d_head,
-        n_layers=spec.n_layers,
-        n_ctx=spec.n_ctx,
-        n_heads=spec.n_heads,
+        **_tl_config(spec),
         d_mlp=None if spec.attn_only else spec.d_mlp,
-        d_vocab=spec.d_vocab,
-        act_fn=spec.act_fn,
         normalization_type="RMS" if llama_like else "LN",
         final_rms=llama_like,
         gated_mlp=llama_like,
         eps=1e-6 if llama_like else 1e-5,
-        positional_embedding_type="rotary" if spec.positional_embedding == "rotary" else "standard",
         rotary_dim=spec.d_head if spec.positional_embedding == "rotary" else None,
-        attn_only=spec.attn_only,
         original_architecture=_HF_ARCHITECTURE[spec.arch],
         model_name=f"lens_bias-{spec.arch}-seed{spec.seed}",
         # lens_bias draws the weights itself: TL 3.x's seeded init would reseed the global RNG.
