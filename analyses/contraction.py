@@ -50,6 +50,17 @@ class ContractionResult(Result):
     seed_direction: Float[Tensor, "d_model"]  # unit vector: mean of the unit-normalised final states
     n: int
 
+    def summary(self) -> str:
+        d = self.seed_direction.numel()
+        rows = "\n".join(
+            f"  {layer:>6}  inter {i:+.3f}  intra {a:+.3f}  energy along seed {e:.3f}"
+            for layer, i, a, e in zip(self.layers, self.inter.tolist(), self.intra.tolist(), self.energy_share.tolist())
+        )
+        return (
+            f"contraction (last position across {self.n} sequences = inter; positions within a sequence = intra;\n"
+            f"  energy along the final seed direction, chance level 1/d = {1 / d:.4f}):\n{rows}"
+        )
+
     def to_pandas(self) -> pd.DataFrame:
         return pd.DataFrame(
             {
@@ -70,17 +81,6 @@ class ContractionResult(Result):
             "inter_embed": self.inter[0].item(),
             "intra_embed": self.intra[0].item(),
         }
-
-    def summary(self) -> str:
-        d = self.seed_direction.numel()
-        rows = "\n".join(
-            f"  {layer:>6}  inter {i:+.3f}  intra {a:+.3f}  energy along seed {e:.3f}"
-            for layer, i, a, e in zip(self.layers, self.inter.tolist(), self.intra.tolist(), self.energy_share.tolist())
-        )
-        return (
-            f"contraction (last position across {self.n} sequences = inter; positions within a sequence = intra;\n"
-            f"  energy along the final seed direction, chance level 1/d = {1 / d:.4f}):\n{rows}"
-        )
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,24 @@ class DecompositionResult(Result):
     def shared_fraction(self) -> Tensor:
         return self.shared_energy / (self.shared_energy + self.fluctuating_energy).clamp_min(1e-30)
 
+    def summary(self) -> str:
+        rows = "\n".join(
+            f"  {c:>9}  shared {s:.3g} ({f:.1%} of its energy)  cos to seed {cs:+.3f}  along seed {p:+.3g}  cumulative cos {cc:+.3f}"
+            for c, s, f, cs, p, cc in zip(
+                self.components,
+                self.shared_energy.tolist(),
+                self.shared_fraction.tolist(),
+                self.cos_to_seed.tolist(),
+                self.seed_projection.tolist(),
+                self.cumulative_cos_to_seed.tolist(),
+            )
+        )
+        kinds = ", ".join(f"{k} {v:.3g}" for k, v in self.energy_by_kind().items())
+        return (
+            f"residual decomposition ({self.positions} position{'s' if self.positions == 'all' else ''}; shared = input mean):\n"
+            f"{rows}\n  shared energy by kind: {kinds}; parts add back to the residual within {self.reconstruction_error:.1e}"
+        )
+
     def to_pandas(self) -> pd.DataFrame:
         return pd.DataFrame(
             {
@@ -103,24 +121,6 @@ class DecompositionResult(Result):
             "largest_seed_projection": self.components[top],
             "reconstruction_error": self.reconstruction_error,
         }
-
-    def summary(self) -> str:
-        rows = "\n".join(
-            f"  {c:>9}  shared {s:.3g} ({f:.1%} of its energy)  cos to seed {cs:+.3f}  along seed {p:+.3g}  cumulative cos {cc:+.3f}"
-            for c, s, f, cs, p, cc in zip(
-                self.components,
-                self.shared_energy.tolist(),
-                self.shared_fraction.tolist(),
-                self.cos_to_seed.tolist(),
-                self.seed_projection.tolist(),
-                self.cumulative_cos_to_seed.tolist(),
-            )
-        )
-        kinds = ", ".join(f"{k} {v:.3g}" for k, v in self.energy_by_kind().items())
-        return (
-            f"residual decomposition ({self.positions} position{'s' if self.positions == 'all' else ''}; shared = input mean):\n"
-            f"{rows}\n  shared energy by kind: {kinds}; parts add back to the residual within {self.reconstruction_error:.1e}"
-        )
 
 
 @dataclass(frozen=True)

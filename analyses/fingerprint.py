@@ -36,14 +36,6 @@ class FingerprintSummary(Result):
     d_model: int
     temperature: float
 
-    def to_pandas(self) -> pd.DataFrame:
-        return pd.DataFrame(
-            {"dim": self.dims.tolist(), "mean": self.means.tolist(), "softmax_mean": self.softmax_mean.tolist(), "softmax_std": self.softmax_std.tolist()}
-        )
-
-    def headline(self) -> dict[str, Any]:
-        return {"m": len(self.dims), "dims": self.dims.tolist()[:10], "mean_softmax_std": self.softmax_std.mean().item()}
-
     def summary(self) -> str:
         shown = ", ".join(f"{d} ({v:+.2f})" for d, v in zip(self.dims.tolist()[:8], self.means.tolist()[:8]))
         more = " …" if len(self.dims) > 8 else ""
@@ -53,6 +45,14 @@ class FingerprintSummary(Result):
             f"  softmax at T = {self.temperature:g} over them: mean {self.softmax_mean.mean().item():.4f}, "
             f"spread across inputs {self.softmax_std.mean().item():.2e} (uniform would be {1 / len(self.dims):.4f}, spread 0)"
         )
+
+    def to_pandas(self) -> pd.DataFrame:
+        return pd.DataFrame(
+            {"dim": self.dims.tolist(), "mean": self.means.tolist(), "softmax_mean": self.softmax_mean.tolist(), "softmax_std": self.softmax_std.tolist()}
+        )
+
+    def headline(self) -> dict[str, Any]:
+        return {"m": len(self.dims), "dims": self.dims.tolist()[:10], "mean_softmax_std": self.softmax_std.mean().item()}
 
 
 @dataclass(frozen=True)

@@ -115,6 +115,19 @@ class SinksResult(Result):
         """Mean α of one key position per (layer, head); for position 0 the first token's attention share."""
         return self.alpha[..., position].mean(dim=0)
 
+    def summary(self) -> str:
+        h = self.headline()
+        per_layer = self.rate_by_head(0).mean(dim=1).tolist()
+        layers = ", ".join(f"{r:.0f}%" for r in per_layer)
+        norms = ", ".join(f"{r:.2f}" for r in self.norm_ratio.tolist())
+        return (
+            f"attention sinks (Sink_k = % of (sequence, layer, head) with mean attention to key k > {self.eps}):\n"
+            f"  Sink_0 = {h['sink_rate_0']:.1f}% (per layer {layers}); largest later Sink_k = {h['max_sink_rate_later']:.1f}% "
+            f"at k = {h['argmax_later']}\n"
+            f"  first-token attention share {h['first_token_share']:.3f}; first-token residual norm / median token per "
+            f"layer: {norms}"
+        )
+
     def to_pandas(self) -> pd.DataFrame:
         n_layers, n_heads = self.alpha.shape[1:3]
         rate, share = self.rate_by_head(0), self.share(0)
@@ -140,19 +153,6 @@ class SinksResult(Result):
             "uniform_share": sum(1 / (t + 1) for t in range(self.alpha.shape[-1])) / self.alpha.shape[-1],
             "norm_ratio_0_max": self.norm_ratio.max().item(),
         }
-
-    def summary(self) -> str:
-        h = self.headline()
-        per_layer = self.rate_by_head(0).mean(dim=1).tolist()
-        layers = ", ".join(f"{r:.0f}%" for r in per_layer)
-        norms = ", ".join(f"{r:.2f}" for r in self.norm_ratio.tolist())
-        return (
-            f"attention sinks (Sink_k = % of (sequence, layer, head) with mean attention to key k > {self.eps}):\n"
-            f"  Sink_0 = {h['sink_rate_0']:.1f}% (per layer {layers}); largest later Sink_k = {h['max_sink_rate_later']:.1f}% "
-            f"at k = {h['argmax_later']}\n"
-            f"  first-token attention share {h['first_token_share']:.3f}; first-token residual norm / median token per "
-            f"layer: {norms}"
-        )
 
 
 @dataclass(frozen=True)

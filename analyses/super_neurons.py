@@ -123,6 +123,17 @@ class SuperNeuronsResult(Result):
         top1 = self.massive_top[:, 0]
         return (top1 > self.massive_abs) & (top1 >= self.massive_ratio * self.massive_median)
 
+    def summary(self) -> str:
+        h = self.headline()
+        return (
+            f"super neurons at position {self.position}: most selective unit {h['top_unit']} in layer {h['top_unit_layer']} "
+            f"(mean |activation| {h['top_unit_ratio']:.1f}× its value at the other positions)\n"
+            f"  dimension disparity (max/mean |x| after the pre-attention norm): position {self.position} up to "
+            f"{h['dominance_at_max']:.1f}, other positions up to {h['dominance_elsewhere_max']:.1f}\n"
+            f"  residual max/median |h| up to {h['resid_max_over_median']:.0f}; massive activations (>{self.massive_abs:g} and "
+            f"≥{self.massive_ratio:g}× median) in layers {h['massive_layers'] or 'none'}"
+        )
+
     def to_pandas(self) -> pd.DataFrame:
         ratio = self.unit_ratio
         best = ratio.max(dim=1)
@@ -155,17 +166,6 @@ class SuperNeuronsResult(Result):
             "resid_max_over_median": (self.massive_top[:, 0] / self.massive_median).max().item(),
             "massive_layers": [i for i, m in enumerate(self.is_massive().tolist()) if m],
         }
-
-    def summary(self) -> str:
-        h = self.headline()
-        return (
-            f"super neurons at position {self.position}: most selective unit {h['top_unit']} in layer {h['top_unit_layer']} "
-            f"(mean |activation| {h['top_unit_ratio']:.1f}× its value at the other positions)\n"
-            f"  dimension disparity (max/mean |x| after the pre-attention norm): position {self.position} up to "
-            f"{h['dominance_at_max']:.1f}, other positions up to {h['dominance_elsewhere_max']:.1f}\n"
-            f"  residual max/median |h| up to {h['resid_max_over_median']:.0f}; massive activations (>{self.massive_abs:g} and "
-            f"≥{self.massive_ratio:g}× median) in layers {h['massive_layers'] or 'none'}"
-        )
 
 
 @dataclass(frozen=True)

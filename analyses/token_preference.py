@@ -77,6 +77,20 @@ class TokenPreferenceResult(Result):
         """Number of distinct argmax tokens over the inputs."""
         return int((self.argmax_counts > 0).sum())
 
+    def summary(self) -> str:
+        top = self.to_pandas().head(5)
+        names = ", ".join(
+            f"{t if s is None else repr(s)} ({r:.1f}×)" for t, s, r in zip(top.token, top.get("token_str", [None] * len(top)), top.ratio_to_uniform)
+        )
+        return (
+            f"token preference over {self.n} random inputs (V = {self.d_vocab}):\n"
+            f"  max/min p̄ = {self.max_min_ratio:.3g}, V·max p̄ = {self.uniform_ratio:.3g}, "
+            f"H(p̄)/log V = {self.entropy_ratio:.4f}\n"
+            f"  argmax: {self.distinct_argmax} distinct tokens, the most common takes {self.argmax_share:.1%} of inputs\n"
+            f"  seed-fixed: Kendall τ between the mean logits of two disjoint input halves = {self.tau_halves:.3f}\n"
+            f"  favourites: {names}"
+        )
+
     def to_pandas(self) -> pd.DataFrame:
         """The ``top_k`` most preferred tokens: p̄, its ratio to uniform, and how often each is the argmax."""
         order = torch.argsort(self.p_bar, descending=True)[: self.top_k]
@@ -101,20 +115,6 @@ class TokenPreferenceResult(Result):
             "distinct_argmax": self.distinct_argmax,
             "tau_halves": self.tau_halves,
         }
-
-    def summary(self) -> str:
-        top = self.to_pandas().head(5)
-        names = ", ".join(
-            f"{t if s is None else repr(s)} ({r:.1f}×)" for t, s, r in zip(top.token, top.get("token_str", [None] * len(top)), top.ratio_to_uniform)
-        )
-        return (
-            f"token preference over {self.n} random inputs (V = {self.d_vocab}):\n"
-            f"  max/min p̄ = {self.max_min_ratio:.3g}, V·max p̄ = {self.uniform_ratio:.3g}, "
-            f"H(p̄)/log V = {self.entropy_ratio:.4f}\n"
-            f"  argmax: {self.distinct_argmax} distinct tokens, the most common takes {self.argmax_share:.1%} of inputs\n"
-            f"  seed-fixed: Kendall τ between the mean logits of two disjoint input halves = {self.tau_halves:.3f}\n"
-            f"  favourites: {names}"
-        )
 
 
 @dataclass(frozen=True)
