@@ -167,7 +167,7 @@ def test_nan_rows_are_dropped_with_a_warning():
     dirty = fa.clone()
     dirty[[3, 7]] = float("nan")
     with pytest.raises(LensBiasError, match="NaN/inf features"):
-        sp.lineage_test(dirty, fb, m=20)  # a bare tensor with NaN is refused; fingerprint() keeps NaN rows and warns
+        sp.lineage_test(dirty, fb, m=20)  # a bare tensor with NaN is refused (fingerprint() never makes one: collect names the hook)
     with pytest.warns(UserWarning, match="dropping 2 of 300"):
         res = sp.lineage_test(sp.Fingerprint(features=dirty, inputs={}, model={}), fb, m=20)
     keep = torch.ones(300, dtype=torch.bool)

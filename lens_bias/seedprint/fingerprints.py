@@ -16,7 +16,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import logging
-import warnings
 from dataclasses import asdict, dataclass, field
 from importlib.metadata import version
 from pathlib import Path
@@ -198,9 +197,6 @@ def fingerprint(
     else:
         runner = _with_device_dtype(model, device, dtype)
         features = ModelAdapter(runner).collect(data, [probe], batch_size=batch_size, progress=progress, desc="fingerprint")[probe.key]
-    nan_rows = int(torch.isnan(features).any(dim=1).sum())
-    if nan_rows:
-        warnings.warn(f"{nan_rows} of {features.shape[0]} feature rows are NaN (overflow?); lineage_test drops them", stacklevel=2)
     return Fingerprint(
         features=features,
         inputs=described,
