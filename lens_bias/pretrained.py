@@ -129,14 +129,14 @@ def load_hf(name_or_path: Union[str, Path]) -> tuple[Any, Any]:
     if path.suffix == ".gguf" or text in SHIPPED:
         if not path.is_file():
             raise FileNotFoundError(f"no GGUF file at {path}")
-        arch = _check_gguf(path)
+        _check_gguf(path)  # magic, gguf installed, not truncated, an architecture transformers reads
         folder, kwargs["gguf_file"] = str(path.parent), path.name
     elif path.is_dir():
-        folder, arch = str(path), None
+        folder = str(path)
     elif path.exists():
         raise LensBiasError(f"{path} is neither a .gguf file nor a Hugging Face model folder")
     else:
-        folder, arch = text, None  # a hub name: only works online (or from the local hub cache)
+        folder = text  # a hub name: only works online (or from the local hub cache)
         if not _hub_reachable():  # look in the cache only, instead of retrying the network for half a minute
             kwargs["local_files_only"] = True
     try:

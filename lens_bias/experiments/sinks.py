@@ -16,7 +16,6 @@ Positions are 0-based: the first token is position 0.
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import time
@@ -27,7 +26,6 @@ from typing import Any, Sequence, Union
 import pandas as pd
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from ..adapter import ModelAdapter
 from ..analyses.positional_variance import PositionalVariance, PositionalVarianceResult
