@@ -1,17 +1,10 @@
-"""One module per measurement; each defines an ``Analysis`` (probes + finalize) and its result dataclass.
+"""Measurements, one module each: report sections (an ``Analysis`` and its result dataclass) and the measurements
+that run passes of their own (massive activations, super weights, perplexity, ablations).
 
-Importing a module defines its ``Analysis`` subclass, which registers it as a report section; importing every
-module here makes ``lens_bias.SECTIONS`` complete.
+Every module here is imported when the package is, so defining an ``Analysis`` subclass in a new file registers
+it as a report section (``lens_bias.analyses.base.SECTIONS``) with no import line anywhere.
 """
 
-from .contraction import Contraction, ContractionResult
-from .decomposition import Decomposition, DecompositionResult
-from .fingerprint import FingerprintSection, FingerprintSummary
-from .massive import MassiveActivationsResult, massive_ablation, massive_activations
-from .positional_variance import PositionalVariance, PositionalVarianceResult
-from .sinks import Sinks, SinksResult, sink_rate
-from .super_neurons import SuperNeurons, SuperNeuronsResult
-from .super_weights import SuperWeightsResult, super_weight_table, super_weights
-from .token_preference import TokenPreference, TokenPreferenceResult
+from lens_bias.core.registry import discover
 
-__all__ = ["Contraction", "ContractionResult", "TokenPreference", "TokenPreferenceResult", "Decomposition", "DecompositionResult", "FingerprintSection", "FingerprintSummary", "PositionalVariance", "PositionalVarianceResult", "Sinks", "SinksResult", "sink_rate", "SuperNeurons", "SuperNeuronsResult", "massive_activations", "massive_ablation", "MassiveActivationsResult", "super_weights", "super_weight_table", "SuperWeightsResult"]
+discover(__name__)

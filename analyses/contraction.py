@@ -1,6 +1,6 @@
 """Contraction: how hidden states of random inputs collapse toward one seed-fixed direction, layer by layer.
 
-Two cosines per layer, both at no O(N²) memory (``lens_bias.stats.mean_pairwise_cosine``):
+Two cosines per layer, both at no O(N²) memory (``lens_bias.core.stats.mean_pairwise_cosine``):
 - inter-sequence: mean pairwise cosine of the last-position states of different sequences. MLP asymmetry
   (ReLU/GELU/SiLU have non-zero mean) drives it up; odd activations and attention alone leave it ≈ 0.
 - intra-sequence: mean pairwise cosine across the positions of one sequence, averaged over sequences. Causal
@@ -17,15 +17,37 @@ from typing import Any, ClassVar, Hashable, Mapping
 import pandas as pd
 import torch
 from jaxtyping import Float
+from lens_bias.analyses.base import Analysis, Result
 from torch import Tensor
 
-from lens_bias import viz
-from lens_bias.adapter import READOUT, ModelAdapter, Probe, last_position
-from lens_bias.analysis import Analysis, Result
-from lens_bias.inputs import InputSpec
-from lens_bias.stats import mean_pairwise_cosine, unit
+from lens_bias.core.adapter import READOUT, ModelAdapter, Probe, last_position
+from lens_bias.core.figures import new_figure
+from lens_bias.core.inputs import InputSpec
+from lens_bias.core.stats import mean_pairwise_cosine, unit
 
-__all__ = ["Contraction", "ContractionResult", "intra_probe"]
+__all__ = ["Contraction", "ContractionResult", "intra_probe", "plot_contraction"]
+
+
+def plot_contraction(table: pd.DataFrame) -> Any:
+    """Inter- and intra-sequence cosine per layer from a table with columns layer, inter, intra: one line per
+    ``condition`` (an ablation table), or one for the model."""
+    fig = new_figure(9, 3.5)
+    ax_inter, ax_intra = fig.subplots(1, 2, sharex=True)
+    if "condition" not in table:
+        table = table.assign(condition="model")
+    for name, rows in table.groupby("condition", sort=False):
+        ax_inter.plot(range(len(rows)), rows.inter, marker="o", label=name)
+        ax_intra.plot(range(len(rows)), rows.intra, marker="o", label=name)
+        labels = list(rows.layer)
+    step = -(-len(labels) // 12)  # at most ~12 labels: deep models' layer names would overlap
+    shown = list(range(0, len(labels), step))
+    shown[-1] = len(labels) - 1  # the last ("final") is always labelled
+    for ax, name in ((ax_inter, "inter-sequence cosine"), (ax_intra, "intra-sequence cosine")):
+        ax.set_xticks(shown, [labels[i] for i in shown])
+        ax.set_xlabel("layer")
+        ax.set_title(name)
+    ax_intra.legend(fontsize=7)
+    return fig
 
 
 def intra_probe(hook: str) -> Probe:
@@ -39,7 +61,7 @@ class ContractionResult(Result):
 
     heading = "Contraction"
     headline_labels = {"inter_final": "inter (final norm)", "intra_final": "intra (final norm)", "energy_share_final": "energy along the seed direction"}
-    plot_fn, plot_caption = viz.plot_contraction, "contraction per layer"
+    plot_caption = "contraction per layer"
 
     layers: list[str]  # "embed", "0" … str(n_layers - 1), "final"
     hooks: list[str]
@@ -60,6 +82,10 @@ class ContractionResult(Result):
             f"contraction (last position across {self.n} sequences = inter; positions within a sequence = intra;\n"
             f"  energy along the final seed direction, chance level 1/d = {1 / d:.4f}):\n{rows}"
         )
+
+    def plot(self) -> Any:
+        """Inter- and intra-sequence cosine per layer."""
+        return plot_contraction(self.to_pandas())
 
     def to_pandas(self) -> pd.DataFrame:
         return pd.DataFrame(

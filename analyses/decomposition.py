@@ -23,13 +23,13 @@ from typing import Any, ClassVar, Hashable, Mapping
 import pandas as pd
 import torch
 from jaxtyping import Float
+from lens_bias.analyses.base import Analysis, Result
 from torch import Tensor
 
-from lens_bias.adapter import READOUT, ModelAdapter, Probe, last_position
-from lens_bias.analysis import Analysis, Result
-from lens_bias.errors import LensBiasError
-from lens_bias.inputs import InputSpec
-from lens_bias.stats import unit
+from lens_bias.core.adapter import READOUT, ModelAdapter, Probe, last_position
+from lens_bias.core.errors import LensBiasError
+from lens_bias.core.inputs import InputSpec
+from lens_bias.core.stats import unit
 
 __all__ = ["Decomposition", "DecompositionResult", "components"]
 

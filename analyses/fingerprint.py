@@ -13,11 +13,11 @@ from typing import Any, ClassVar, Hashable, Mapping
 import pandas as pd
 import torch
 from jaxtyping import Float, Int
+from lens_bias.analyses.base import Analysis, Result
 from torch import Tensor
 
-from lens_bias.adapter import READOUT, ModelAdapter, Probe, last_position
-from lens_bias.analysis import Analysis, Result
-from lens_bias.inputs import InputSpec
+from lens_bias.core.adapter import READOUT, ModelAdapter, Probe, last_position
+from lens_bias.core.inputs import InputSpec
 from lens_bias.seedprint import identity_dims
 
 __all__ = ["FingerprintSection", "FingerprintSummary"]

@@ -16,7 +16,7 @@ token in layer 11 (with dim 247 at ≈ 2·10³), where it stays until it fades i
 
 :func:`massive_ablation` is Sun et al.'s test that they act as fixed biases: set them to zero at the onset layer
 (perplexity explodes) or to their mean over many sequences (perplexity unchanged), with
-:class:`lens_bias.hooks.SetActivations`.
+:class:`lens_bias.hooks.activations.SetActivations`.
 """
 
 from __future__ import annotations
@@ -28,13 +28,13 @@ from typing import Any, Sequence
 import pandas as pd
 import torch
 from jaxtyping import Bool, Float, Int
+from lens_bias.analyses.base import Result
+from lens_bias.analyses.perplexity import PerplexityTable, perplexity_table
+from lens_bias.hooks import Compose, SetActivations
 from torch import Tensor
 
-from lens_bias.adapter import ModelAdapter, Probe
-from lens_bias.analysis import Result
-from lens_bias.errors import LensBiasError
-from lens_bias.hooks import Compose, SetActivations
-from lens_bias.perplexity import PerplexityTable, perplexity_table
+from lens_bias.core.adapter import ModelAdapter, Probe
+from lens_bias.core.errors import LensBiasError
 
 __all__ = ["massive_activations", "MassiveActivationsResult", "massive_ablation"]
 
@@ -194,12 +194,12 @@ def massive_activations(
 
     Args:
         model: any TransformerLens model; never modified.
-        tokens: token IDs ``[n, seq]`` (real text: :func:`lens_bias.inputs.text_tokens`).
+        tokens: token IDs ``[n, seq]`` (real text: :func:`lens_bias.core.inputs.text_tokens`).
         top: entries kept per sequence and layer (Sun et al. plot the top 3).
         massive_abs: the absolute threshold of the rule.
         massive_ratio: the threshold relative to the layer's median |h|.
-        batch_size: as in :meth:`lens_bias.adapter.ModelAdapter.collect`.
-        progress: as in :meth:`lens_bias.adapter.ModelAdapter.collect`.
+        batch_size: as in :meth:`lens_bias.core.adapter.ModelAdapter.collect`.
+        progress: as in :meth:`lens_bias.core.adapter.ModelAdapter.collect`.
 
     Returns:
         A :class:`MassiveActivationsResult`.
@@ -243,7 +243,7 @@ def massive_ablation(
 ) -> PerplexityTable:
     """Perplexity of ``eval_tokens`` unedited, with the massive activations set to zero, and set to their mean.
 
-    The edit is :class:`lens_bias.hooks.SetActivations` at ``blocks.{layer}.hook_resid_post``, at ``positions``
+    The edit is :class:`lens_bias.hooks.activations.SetActivations` at ``blocks.{layer}.hook_resid_post``, at ``positions``
     (default the first token, where Sun et al. and SmolLM2 have them) in ``dims``. Without ``layer`` / ``dims``
     they come from :func:`massive_activations` on ``tokens``: the onset layer and its massive dims at those
     positions. The mean is over ``tokens`` (the same positions and dims), so it is not fitted to ``eval_tokens``.
@@ -255,11 +255,11 @@ def massive_ablation(
         layer: the block whose output is edited (default: the onset layer).
         dims: the residual dimensions to edit (default: the massive ones at ``layer`` and ``positions``).
         positions: the token positions to edit.
-        batch_size: as in :func:`lens_bias.perplexity.perplexity`.
-        progress: as in :func:`lens_bias.perplexity.perplexity`.
+        batch_size: as in :func:`lens_bias.analyses.perplexity.perplexity`.
+        progress: as in :func:`lens_bias.analyses.perplexity.perplexity`.
 
     Returns:
-        A :class:`~lens_bias.perplexity.PerplexityTable` with conditions baseline, zero, mean.
+        A :class:`~lens_bias.analyses.perplexity.PerplexityTable` with conditions baseline, zero, mean.
     """
     positions = tuple(positions)
     if not positions or not all(isinstance(p, int) and not isinstance(p, bool) and p >= 0 for p in positions):

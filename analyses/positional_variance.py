@@ -14,18 +14,18 @@ inside the hooks, one row per batch, so memory does not grow with the number of 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Hashable, Mapping
+from typing import Any, ClassVar, Hashable, Mapping, Sequence
 
 import pandas as pd
 import torch
 from jaxtyping import Float
+from lens_bias.analyses.base import Analysis, Result
 from torch import Tensor
 
-from lens_bias import viz
-from lens_bias.adapter import ModelAdapter, Probe
-from lens_bias.analysis import Analysis, Result
-from lens_bias.errors import LensBiasError
-from lens_bias.inputs import InputSpec
+from lens_bias.core.adapter import ModelAdapter, Probe
+from lens_bias.core.errors import LensBiasError
+from lens_bias.core.figures import new_figure
+from lens_bias.core.inputs import InputSpec
 
 __all__ = ["PositionalVariance", "PositionalVarianceResult", "fit_exponent", "profile_spread"]
 
@@ -46,6 +46,12 @@ def _std(moments: Tensor) -> Tensor:
     mean = total / count
     var = (squares / count - mean.pow(2)) * count / (count - 1)  # unbiased over sequences
     return var.clamp_min(0).mean(dim=-1).sqrt()
+
+
+def _relative(std: Tensor) -> Tensor:
+    """std_t / std_0 along the last axis; NaN where std_0 is 0 (every sequence alike at position 0, e.g. one BOS)."""
+    first = std[..., :1]
+    return torch.where(first > 0, std / first.clamp_min(torch.finfo(std.dtype).tiny), torch.full_like(std, float("nan")))
 
 
 def fit_exponent(std: Float[Tensor, "... pos"], max_position: int | None = None) -> Float[Tensor, "..."]:
@@ -76,8 +82,8 @@ class PositionalVarianceResult(Result):
 
     heading = "Positional variance"
     headline_labels = {"alpha_out": "α of r_t, layer 0"}
-    plot_fn, plot_caption = viz.plot_positional_variance, "positional variance r_t"
-    view_fn, view_caption = viz.variance_view, "r_t = std_t / std_0 by position, layer 0"
+    plot_caption = "positional variance r_t"
+    view_caption = "r_t = std_t / std_0 by position, layer 0"
 
     std_z: Float[Tensor, "layer head pos"]  # before W_O, pooled over d_head
     std_out: Float[Tensor, "layer pos"]  # after W_O, pooled over d_model
@@ -85,11 +91,11 @@ class PositionalVarianceResult(Result):
 
     @property
     def r_z(self) -> Float[Tensor, "layer head pos"]:
-        return self.std_z / self.std_z[..., :1]
+        return _relative(self.std_z)
 
     @property
     def r_out(self) -> Float[Tensor, "layer pos"]:
-        return self.std_out / self.std_out[..., :1]
+        return _relative(self.std_out)
 
     def alpha_z(self, max_position: int = 64) -> Float[Tensor, "layer head"]:
         return fit_exponent(self.std_z, max_position)
@@ -101,6 +107,27 @@ class PositionalVarianceResult(Result):
         """max over t ≤ max_position of |r_t·√(t+1) − 1| for each layer's output (0 for an exact (t+1)^-1/2 law)."""
         r = self.r_out[:, : max_position + 1]
         return (r * torch.arange(1, r.shape[1] + 1).sqrt() - 1).abs().max(dim=1).values
+
+    def plot(self, layers: Sequence[int] | None = None) -> Any:
+        """r_t against t + 1 on log–log axes, per layer, with the (t+1)^-1/2 reference line."""
+        fig = new_figure()
+        ax = fig.subplots()
+        r = self.r_out
+        t = torch.arange(1, r.shape[1] + 1).float()
+        for layer in range(r.shape[0]) if layers is None else layers:
+            ax.loglog(t, r[layer], marker=".", label=f"layer {layer}")
+        ax.loglog(t, t**-0.5, "k--", label="(t+1)^-1/2")
+        ax.set_xlabel("position t + 1")
+        ax.set_ylabel("std_t / std_0")
+        ax.legend(fontsize=7)
+        return fig
+
+    def show(self, layer: int = 0) -> Any:
+        """circuitsvis ``colored_tokens`` over positions, coloured by r_t = std_t / std_0 of one layer's attention output."""
+        from circuitsvis.tokens import colored_tokens
+
+        r = self.r_out[layer]
+        return colored_tokens(tokens=[f"t{t}" for t in range(len(r))], values=r.tolist(), min_value=0.0, max_value=1.0)
 
     def to_pandas(self) -> pd.DataFrame:
         """One row per (layer, position): r_t after W_O, r_t·√(t+1), and the heads' r_t before W_O."""

@@ -19,13 +19,13 @@ from typing import Any, ClassVar, Hashable, Mapping
 import pandas as pd
 import torch
 from jaxtyping import Float
+from lens_bias.analyses.base import Analysis, Result
 from torch import Tensor
 
-from lens_bias import viz
-from lens_bias.adapter import ModelAdapter, Probe
-from lens_bias.analysis import Analysis, Result
-from lens_bias.errors import LensBiasError
-from lens_bias.inputs import InputSpec
+from lens_bias.core.adapter import ModelAdapter, Probe
+from lens_bias.core.errors import LensBiasError
+from lens_bias.core.figures import integer_ticks, new_figure
+from lens_bias.core.inputs import InputSpec
 
 __all__ = ["Sinks", "SinksResult", "sink_rate", "key_importance"]
 
@@ -101,7 +101,7 @@ class SinksResult(Result):
 
     heading = "Attention sinks"
     headline_labels = {"sink_rate_0": "Sink_0 (%)", "first_token_share": "first-token share α_0", "norm_ratio_0_max": "max ‖h_0‖ / median ‖h_t‖"}
-    plot_fn, plot_caption = viz.plot_sinks, "first-token sink per layer and head"
+    plot_caption = "first-token sink per layer and head"
 
     def rate(self, eps: float | None = None) -> Float[Tensor, "key"]:
         """Sink_k^ε in percent for every key position (``eps`` defaults to the analysis' threshold)."""
@@ -114,6 +114,19 @@ class SinksResult(Result):
     def share(self, position: int = 0) -> Float[Tensor, "layer head"]:
         """Mean α of one key position per (layer, head); for position 0 the first token's attention share."""
         return self.alpha[..., position].mean(dim=0)
+
+    def plot(self, position: int = 0, eps: float | None = None) -> Any:
+        """Sink rate of one key position as a layer × head heatmap."""
+        fig = new_figure()
+        ax = fig.subplots()
+        rate = self.rate_by_head(position, eps)
+        image = ax.imshow(rate.numpy(), vmin=0, vmax=100, cmap="viridis", aspect="auto")
+        integer_ticks(ax, *rate.shape)
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        ax.set_title(f"Sink_{position} (%) at ε {self.eps if eps is None else eps}")
+        fig.colorbar(image, ax=ax)
+        return fig
 
     def summary(self) -> str:
         h = self.headline()

@@ -23,12 +23,12 @@ from typing import Any, ClassVar, Hashable, Mapping
 import pandas as pd
 import torch
 from jaxtyping import Float
+from lens_bias.analyses.base import Analysis, Result
 from torch import Tensor
 
-from lens_bias.adapter import ModelAdapter, ModelInfo, Probe
-from lens_bias.analysis import Analysis, Result
-from lens_bias.errors import LensBiasError
-from lens_bias.inputs import InputSpec
+from lens_bias.core.adapter import ModelAdapter, ModelInfo, Probe
+from lens_bias.core.errors import LensBiasError
+from lens_bias.core.inputs import InputSpec
 
 __all__ = ["SuperNeurons", "SuperNeuronsResult", "dominance_ratio"]
 

@@ -7,7 +7,7 @@ TL ``W_out[l][k, j]``, that writes the massive activation. :func:`super_weights`
 layer, ranked by its **contribution** |W_out[k, j] · a_k| at the first token (mean over sequences), the size of
 what that single weight writes into the spike; ``share`` is that contribution's fraction of the output spike.
 
-:func:`super_weight_table` removes the top candidate with :class:`lens_bias.hooks.RemoveWeight` (hooks only; the
+:func:`super_weight_table` removes the top candidate with :class:`lens_bias.hooks.weights.RemoveWeight` (hooks only; the
 weights stay untouched) and compares the held-out perplexity with two controls: the largest-magnitude other
 weight of the same matrix, and random weights of it.
 """
@@ -21,14 +21,14 @@ from typing import Any, Sequence
 import pandas as pd
 import torch
 from jaxtyping import Float, Int
-from torch import Tensor
-
-from lens_bias.adapter import FwdHook, ModelAdapter, Probe
-from lens_bias.analysis import Result
-from lens_bias.errors import LensBiasError
+from lens_bias.analyses.base import Result
+from lens_bias.analyses.perplexity import PerplexityTable, perplexity_table
 from lens_bias.hooks import RemoveWeight, RemoveWeights
 from lens_bias.hooks.base import InterventionLike, as_hooks
-from lens_bias.perplexity import PerplexityTable, perplexity_table
+from torch import Tensor
+
+from lens_bias.core.adapter import FwdHook, ModelAdapter, Probe
+from lens_bias.core.errors import LensBiasError
 
 __all__ = ["super_weights", "SuperWeightsResult", "super_weight_table"]
 
@@ -135,8 +135,8 @@ def super_weights(
         top: candidates in the table.
         interventions: edits attached for the pass, e.g. removing the super weights found so far (Yu et al.
             repeat until no spike is left).
-        batch_size: as in :meth:`lens_bias.adapter.ModelAdapter.collect`.
-        progress: as in :meth:`lens_bias.adapter.ModelAdapter.collect`.
+        batch_size: as in :meth:`lens_bias.core.adapter.ModelAdapter.collect`.
+        progress: as in :meth:`lens_bias.core.adapter.ModelAdapter.collect`.
 
     Returns:
         A :class:`SuperWeightsResult`.
@@ -149,7 +149,7 @@ def super_weights(
     layers = range(adapter.info.n_layers)
     probes = [_first_token(f"blocks.{l}.mlp.hook_post") for l in layers] + [_first_token(f"blocks.{l}.hook_mlp_out") for l in layers]
     hooks: list[FwdHook] = as_hooks(model, interventions)
-    kept = adapter.collect(tokens, probes, batch_size=batch_size, interventions=hooks, progress=progress, desc="super weights")
+    kept = adapter.collect(tokens, probes, batch_size=batch_size, hooks=hooks, progress=progress, desc="super weights")
     per_layer: dict[str, list[Any]] = {k: [] for k in ("input_max", "input_unit", "output_max", "output_dim", "weight", "weight_rank", "contribution", "share")}
     for l in layers:
         a, o = kept[f"blocks.{l}.mlp.hook_post:first"], kept[f"blocks.{l}.hook_mlp_out:first"]  # [n, d_mlp], [n, d_model]
@@ -204,11 +204,11 @@ def super_weight_table(
         eval_tokens: held-out token IDs ``[m, seq2]`` whose perplexity is measured.
         n_random: how many random weights the last control removes.
         seed: seed of the random control.
-        batch_size: as in :func:`lens_bias.perplexity.perplexity`.
-        progress: as in :func:`lens_bias.perplexity.perplexity`.
+        batch_size: as in :func:`lens_bias.analyses.perplexity.perplexity`.
+        progress: as in :func:`lens_bias.analyses.perplexity.perplexity`.
 
     Returns:
-        A :class:`~lens_bias.perplexity.PerplexityTable`.
+        A :class:`~lens_bias.analyses.perplexity.PerplexityTable`.
     """
     if isinstance(n_random, bool) or not isinstance(n_random, int) or n_random < 1:
         raise LensBiasError(f"n_random must be a positive int, got {n_random!r}")

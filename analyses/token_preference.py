@@ -16,13 +16,13 @@ from typing import Any, ClassVar, Hashable, Mapping
 import pandas as pd
 import torch
 from jaxtyping import Float, Int
+from lens_bias.analyses.base import Analysis, Result
 from scipy.stats import kendalltau
 from torch import Tensor
 
-from lens_bias import viz
-from lens_bias.adapter import READOUT, ModelAdapter, Probe, last_position
-from lens_bias.analysis import Analysis, Result
-from lens_bias.inputs import InputSpec
+from lens_bias.core.adapter import READOUT, ModelAdapter, Probe, last_position
+from lens_bias.core.figures import new_figure
+from lens_bias.core.inputs import InputSpec
 
 __all__ = ["TokenPreference", "TokenPreferenceResult"]
 
@@ -36,8 +36,8 @@ class TokenPreferenceResult(Result):
 
     heading = "Token preference"
     headline_labels = {"max_min_ratio": "max/min p̄", "uniform_ratio": "V·max p̄", "entropy_ratio": "H(p̄)/log V", "tau_halves": "τ halves"}
-    plot_fn, plot_caption = viz.plot_token_preference, "sorted V·p̄"
-    view_fn, view_caption = viz.preferred_tokens_view, "preferred tokens (log10 V·p̄)"
+    plot_caption = "sorted V·p̄"
+    view_caption = "preferred tokens (log10 V·p̄)"
 
     p_bar: Float[Tensor, "d_vocab"]  # mean softmax at the last position (float64)
     mean_logits: Float[Tensor, "d_vocab"]  # mean logits at the last position (float64)
@@ -76,6 +76,27 @@ class TokenPreferenceResult(Result):
     def distinct_argmax(self) -> int:
         """Number of distinct argmax tokens over the inputs."""
         return int((self.argmax_counts > 0).sum())
+
+    def plot(self) -> Any:
+        """The sorted V·p̄ curve on a log axis: how many orders of magnitude separate favourite and least favourite."""
+        fig = new_figure()
+        ax = fig.subplots()
+        p_bar = self.p_bar.double()
+        ax.semilogy(torch.sort(p_bar * p_bar.numel(), descending=True).values.numpy())
+        ax.axhline(1.0, color="k", linestyle="--", label="uniform")
+        ax.set_xlabel("token rank")
+        ax.set_ylabel("V · p̄")
+        ax.legend()
+        return fig
+
+    def show(self, top: int = 40) -> Any:
+        """circuitsvis ``colored_tokens`` of the ``top`` most preferred tokens, coloured by log10(V·p̄)."""
+        from circuitsvis.tokens import colored_tokens
+
+        p_bar = self.p_bar.double()
+        values, ids = p_bar.topk(min(top, p_bar.numel()))
+        labels = [self.token_strings[i] if self.token_strings else str(i) for i in ids.tolist()]
+        return colored_tokens(tokens=labels, values=torch.log10(values * p_bar.numel()).float().tolist())
 
     def summary(self) -> str:
         top = self.to_pandas().head(5)

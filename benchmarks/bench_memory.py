@@ -5,7 +5,7 @@ Each size runs in a fresh subprocess: the model is built and warmed up with a on
 Measured peak: on CPU the growth of the process's peak resident set (``VmHWM`` reset through
 ``/proc/self/clear_refs`` after the warm-up, minus ``VmRSS`` at that point, so the weights and the Python heap
 are not counted); on CUDA ``torch.cuda.max_memory_allocated`` minus the allocation before the pass. Estimate:
-``batch × lens_bias.memory.forward_bytes(...)``, what the guard plans with. Target: within 25%.
+``batch × lens_bias.core.memory.forward_bytes(...)``, what the guard plans with. Target: within 25%.
 
     python benchmarks/bench_memory.py [--device cpu] [--tiny]
 """
@@ -42,7 +42,7 @@ def _status(field: str) -> int:
 
 def child(arch: str, d: int, layers: int, heads: int, vocab: int, seq: int, batch: int, device: str) -> dict:
     import lens_bias
-    from lens_bias import memory
+    from lens_bias.core import memory
 
     model = lens_bias.random_init(arch, d_model=d, n_layers=layers, n_heads=heads, d_vocab=vocab, n_ctx=max(seq, 16), device=device)
     info = lens_bias.ModelAdapter(model).info
@@ -75,7 +75,7 @@ def main() -> None:
         arch, *numbers = args.child
         print(json.dumps(child(arch, *map(int, numbers), device=args.device)))
         return
-    from lens_bias.memory import format_bytes
+    from lens_bias.core.memory import format_bytes
 
     print(f"{'size':<44} {'estimate':>10} {'measured':>10} {'ratio':>6}")
     worst = 0.0

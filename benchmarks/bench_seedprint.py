@@ -4,7 +4,7 @@
    extraction stops after the final norm and never computes the unembedding);
 2. fingerprint extraction / the plain HF inner-model forward ``hf_model.model(input_ids)``, the reference code's
    path (target <= 1.1);
-3. the scipy ``kendalltau`` loop / ``lens_bias.stats.kendall_tau_b`` over N × k columns, on the device: the
+3. the scipy ``kendalltau`` loop / ``lens_bias.core.stats.kendall_tau_b`` over N × k columns, on the device: the
    vectorised τ-b on CUDA (target >= 10); scipy's own loop on CPU, where it is the faster exact one (target >= 1);
 4. peak memory of fingerprinting N = 2000 / N = 200 inputs, each in a fresh process (target <= 1.2).
 
@@ -31,7 +31,7 @@ import lens_bias
 from _timing import timed
 from lens_bias import ModelAdapter
 from lens_bias.seedprint import fingerprint
-from lens_bias.stats import kendall_tau_b
+from lens_bias.core.stats import kendall_tau_b
 
 
 def build(args: argparse.Namespace):

@@ -3,7 +3,7 @@
 * ``lens_bias.hooks`` and ``lens_bias.analyses`` live in the top-level folders ``hooks/`` and ``analyses/`` (the
   package maps them, see pyproject.toml). The API reference reads the sources statically, so the build lays
   a ``lens_bias`` tree of links under ``build/docs_api/`` where they sit as subpackages.
-* The notebooks of ``examples/`` become pages under ``notebooks/``. ``tests/test_examples.py`` writes each notebook
+* The notebooks of ``examples/`` become pages under ``notebooks/``. ``tests/acceptance/test_examples.py`` writes each notebook
   it executes to ``build/notebooks/``; the build renders that executed copy where there is one (CI runs the tests
   before the build) and the stripped source otherwise, so the build itself executes nothing.
 """

@@ -55,7 +55,7 @@ def main() -> None:
     fig.suptitle("SmolLM2-135M-Instruct on held-out text")
     save(fig, "smollm2_sinks.png")
     with tempfile.TemporaryDirectory() as tmp:
-        tokens = lens_bias.inputs.text_tokens(smol.tokenizer, 1, 24, seed=1)[0]
+        tokens = lens_bias.core.inputs.text_tokens(smol.tokenizer, 1, 24, seed=1)[0]
         attention = lens_bias.viz.attention_view(smol, tokens, layers=[3], heads=[0, 1, 2])
         page = report.to_html(Path(tmp) / "report.html", views={"attention, layer 3": attention})
         screenshot(page, ASSETS / "report.png")

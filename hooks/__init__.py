@@ -1,16 +1,13 @@
 """Interventions: named, reusable, serialisable edits of a TransformerLens forward pass (``lens_bias.hooks``).
 
+Every module here is imported, and the names it lists in ``__all__`` are importable from ``lens_bias.hooks``; an
+``Intervention`` subclass registers itself when its class is defined, so a new intervention is one file.
+
 >>> from lens_bias.hooks import OddActivation, SelfOnlyAttention
 >>> (OddActivation() + SelfOnlyAttention(layers=[0])).to_dict()["type"]
 'Compose'
 """
 
-from .activations import SetActivations
-from .attention import SelfOnlyAttention, UniformAttention
-from .base import Compose, Intervention, as_hooks, intervene, reads, replaces
-from .mlp import ACTIVATION_FUNCTIONS, MeanCenterMLP, OddActivation, SwapActivation
-from .sinks import AmplifyVariance, HeadwiseRMSNorm, MaskToSelf, ScaleNorm
-from .sublayer import SubtractPositionEmbedding, ZeroSublayer
-from .weights import RemoveWeight, RemoveWeights
+from lens_bias.core.registry import discover
 
-__all__ = ["Intervention", "Compose", "intervene", "as_hooks", "reads", "replaces", "OddActivation", "MeanCenterMLP", "SwapActivation", "ACTIVATION_FUNCTIONS", "SelfOnlyAttention", "UniformAttention", "ZeroSublayer", "SubtractPositionEmbedding", "MaskToSelf", "AmplifyVariance", "ScaleNorm", "HeadwiseRMSNorm", "SetActivations", "RemoveWeight", "RemoveWeights"]
+discover(__name__, globals())

@@ -18,12 +18,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from lens_bias.hooks.base import Intervention
 from torch import Tensor
 
-from lens_bias.adapter import FwdHook, ModelAdapter
-from lens_bias.errors import LensBiasError
-
-from .base import Intervention
+from lens_bias.core.adapter import FwdHook, ModelAdapter
+from lens_bias.core.errors import LensBiasError
 
 __all__ = ["SetActivations"]
 

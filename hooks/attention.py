@@ -5,6 +5,9 @@ edited pattern.
 - SelfOnlyAttention: the identity pattern. Each position keeps its own value vector: no aggregation, so no
   intra-sequence contraction, and no position-dependent variance.
 - UniformAttention: 1/(t+1) over the causal prefix, what attention at init nearly is at small width.
+- MaskToSelf(position=k): token k attends only to itself (row k becomes one-hot). It keeps the first token's
+  privilege — one value vector, not an average — and so its high variance (Li et al., "The Structural Origin of
+  Attention Sink"). Positions are 0-based: the first token is position 0.
 """
 
 from __future__ import annotations
@@ -13,13 +16,17 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from lens_bias.hooks.base import (
+    Intervention,
+    check_in_sequence,
+    check_position,
+    replaces,
+)
 from torch import Tensor
 
-from lens_bias.adapter import FwdHook
+from lens_bias.core.adapter import FwdHook
 
-from .base import Intervention, replaces
-
-__all__ = ["SelfOnlyAttention", "UniformAttention"]
+__all__ = ["SelfOnlyAttention", "UniformAttention", "MaskToSelf"]
 
 
 @replaces
@@ -57,3 +64,30 @@ class UniformAttention(Intervention):
 
     def layer_hooks(self, model: Any, layer: int) -> list[FwdHook]:
         return [(f"blocks.{layer}.attn.hook_pattern", _uniform_causal_pattern)]
+
+
+@dataclass(frozen=True)
+class MaskToSelf(Intervention):
+    """Token ``position`` attends only to itself (its attention row becomes one-hot on the diagonal).
+
+    >>> MaskToSelf(position=10).to_dict()
+    {'type': 'MaskToSelf', 'layers': None, 'position': 10}
+    """
+
+    position: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_position(self.position, "MaskToSelf")
+
+    def layer_hooks(self, model: Any, layer: int) -> list[FwdHook]:
+        k = self.position
+
+        def hook_fn(pattern: Tensor, hook: Any) -> Tensor:  # [batch, head, query, key]
+            check_in_sequence(k, pattern.shape[-2], "MaskToSelf")
+            pattern = pattern.clone()
+            pattern[..., k, :] = 0
+            pattern[..., k, k] = 1
+            return pattern
+
+        return [(f"blocks.{layer}.attn.hook_pattern", hook_fn)]

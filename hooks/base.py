@@ -19,14 +19,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from typing import Any, Iterator, Mapping, Sequence, TypeVar, Union
 
-from torch import Tensor
+from lens_bias.core.adapter import FwdHook, HookFn, ModelAdapter, counting
+from lens_bias.core.errors import LensBiasError
+from lens_bias.core.registry import Registry
 
-from lens_bias.adapter import FwdHook, HookFn, ModelAdapter
-from lens_bias.errors import LensBiasError
+__all__ = ["INTERVENTIONS", "Intervention", "Compose", "intervene", "as_hooks", "edit_hooks", "edit_records", "reads", "replaces", "check_position", "check_in_sequence"]
 
-__all__ = ["Intervention", "Compose", "intervene", "as_hooks", "edit_hooks", "edit_records", "reads", "replaces"]
-
-_REGISTRY: dict[str, type["Intervention"]] = {}
+# Intervention class name -> class: what from_dict finds a class by; subclassing registers (private names excepted).
+INTERVENTIONS: Registry[type["Intervention"]] = Registry("intervention")
 _STARTED = "<forward started>"
 
 # What a hook does with the activation that reaches it; unmarked hooks edit it.
@@ -47,6 +47,18 @@ def replaces(fn: _Fn) -> _Fn:
     return fn
 
 
+def check_position(position: Any, owner: str) -> None:
+    """Refuse a position that is not a non-negative int (0 is the first token)."""
+    if isinstance(position, bool) or not isinstance(position, int) or position < 0:
+        raise LensBiasError(f"{owner}: position must be a non-negative int (0 = first token), got {position!r}")
+
+
+def check_in_sequence(position: int, seq_len: int, owner: str) -> None:
+    """Refuse a position past the end of the sequences the pass runs on."""
+    if position >= seq_len:
+        raise LensBiasError(f"{owner}(position={position}) on sequences of {seq_len} tokens: use position < {seq_len}")
+
+
 @dataclass(frozen=True)
 class Intervention:
     """Base class. Subclasses implement ``layer_hooks`` (per layer) or override ``fwd_hooks``."""
@@ -58,15 +70,7 @@ class Intervention:
         super().__init_subclass__(**kwargs)
         if cls.__name__.startswith("_"):  # private helpers are never serialised on their own
             return
-        known = _REGISTRY.get(cls.__name__)
-        # The same class defined again (a module reload) replaces itself; another class of that name is refused,
-        # since from_dict finds a class by its name alone.
-        if known is not None and (known.__module__, known.__qualname__) != (cls.__module__, cls.__qualname__):
-            raise LensBiasError(
-                f"an intervention named {cls.__name__!r} is already registered ({known.__module__}.{known.__qualname__}); "
-                f"from_dict finds classes by name: give {cls.__module__}.{cls.__qualname__} another name"
-            )
-        _REGISTRY[cls.__name__] = cls
+        INTERVENTIONS.add(cls.__name__, cls)
 
     def __post_init__(self) -> None:
         if self.layers is not None:
@@ -90,7 +94,7 @@ class Intervention:
         raise NotImplementedError
 
     def parameters(self, model: Any) -> list[Any]:
-        """Learnable tensors this intervention owns for ``model`` (most own none); ``lens_bias.train`` trains them."""
+        """Learnable tensors this intervention owns for ``model`` (most own none); ``lens_bias.training.trainer`` trains them."""
         return []
 
     def fwd_hooks(self, model: Any) -> list[FwdHook]:
@@ -117,11 +121,11 @@ class Intervention:
         """Rebuild an intervention from :meth:`to_dict` output."""
         d = dict(d)
         name = d.pop("type", None)
-        if name not in _REGISTRY:
-            raise LensBiasError(f"unknown intervention type {name!r}; known: {sorted(_REGISTRY)}")
+        if name not in INTERVENTIONS:
+            raise LensBiasError(f"unknown intervention type {name!r}; known: {sorted(INTERVENTIONS)}")
         if name == "Compose":
             return Compose(tuple(Intervention.from_dict(p) for p in d["parts"]))
-        return _REGISTRY[name](**d)
+        return INTERVENTIONS[name](**d)
 
 
 def _parts(iv: Intervention) -> tuple[Intervention, ...]:
@@ -256,18 +260,10 @@ def intervene(model: Any, *interventions: InterventionLike) -> Iterator[Any]:
         The model, with the interventions attached through its own scoped ``model.hooks(...)``.
     """
     fired: set[str] = set()
-
-    def counted(name: str, fn: HookFn) -> HookFn:
-        def hook_fn(activation: Tensor, hook: Any) -> Union[Tensor, None]:
-            fired.add(name)
-            return fn(activation, hook)
-
-        return hook_fn
-
     hooks = as_hooks(model, interventions)
     # Observe the start of every forward pass, so edits that never fire are told apart from no pass at all.
     started = ("blocks.0.hook_resid_pre", lambda x, hook: fired.add(_STARTED))
-    with model.hooks(fwd_hooks=[started] + [(name, counted(name, fn)) for name, fn in hooks]):
+    with model.hooks(fwd_hooks=[started] + [(name, counting(name, fn, fired)) for name, fn in hooks]):
         yield model
     silent = sorted({name for name, _ in hooks} - fired)
     if _STARTED in fired and silent:

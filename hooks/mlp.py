@@ -15,12 +15,11 @@ from typing import Any, Callable, Union
 
 import torch
 import torch.nn.functional as F
+from lens_bias.hooks.base import Intervention, reads, replaces
 from torch import Tensor
 
-from lens_bias.adapter import FwdHook
-from lens_bias.errors import LensBiasError
-
-from .base import Intervention, reads, replaces
+from lens_bias.core.adapter import FwdHook
+from lens_bias.core.errors import LensBiasError
 
 __all__ = ["OddActivation", "MeanCenterMLP", "SwapActivation", "ACTIVATION_FUNCTIONS"]
 

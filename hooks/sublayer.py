@@ -10,12 +10,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from lens_bias.hooks.base import Intervention, replaces
 from torch import Tensor
 
-from lens_bias.adapter import FwdHook, ModelAdapter
-from lens_bias.errors import LensBiasError
-
-from .base import Intervention, replaces
+from lens_bias.core.adapter import FwdHook, ModelAdapter
+from lens_bias.core.errors import LensBiasError
 
 __all__ = ["ZeroSublayer", "SubtractPositionEmbedding"]
 

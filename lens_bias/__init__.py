@@ -1,5 +1,9 @@
 """lens_bias: what randomly initialised transformers are born with, on TransformerLens.
 
+The user's verbs are here; everything else lives in the layers below (``lens_bias.core``, ``lens_bias.models``,
+``lens_bias.hooks``, ``lens_bias.seedprint``, ``lens_bias.analyses``, ``lens_bias.training``, ``lens_bias.report``,
+``lens_bias.experiments``), whose imports run one way.
+
 >>> import lens_bias
 >>> model = lens_bias.models.random_init("gpt2", d_model=64, n_layers=2, n_heads=4, d_vocab=100, n_ctx=32)
 >>> report = lens_bias.analyze(model, n_sequences=8, seq_len=8, progress=False)
@@ -9,21 +13,33 @@
 
 import logging
 
-from . import models, seedprint
-from .adapter import ModelAdapter, ModelInfo, Probe
-from .analysis import Analysis, Result, run_analyses
-from .errors import LensBiasError
-from .inputs import InputSpec, RandomEmbeddings, random_embeddings, random_tokens
-from .models import ModelSpec, from_hf, pretrained, random_init
-from .report import SECTIONS, BiasReport, analyze
-from .experiments import ablate
-from .analyses.massive import massive_ablation, massive_activations
-from .analyses.super_weights import super_weight_table, super_weights
-from .perplexity import PerplexityTable, perplexity
-from .hooks import intervene
-from .seedprint import Fingerprint, SeedPrintResult, compare, fingerprint
+from lens_bias import experiments, hooks, models, seedprint
+from lens_bias.analyses.ablation import ablate
+from lens_bias.analyses.base import SECTIONS, Analysis, Result, run_analyses
+from lens_bias.analyses.massive import massive_ablation, massive_activations
+from lens_bias.analyses.perplexity import PerplexityTable, perplexity
+from lens_bias.analyses.super_weights import super_weight_table, super_weights
+from lens_bias.core.adapter import ModelAdapter, ModelInfo, Probe
+from lens_bias.core.errors import LensBiasError
+from lens_bias.core.inputs import (
+    InputSpec,
+    RandomEmbeddings,
+    random_embeddings,
+    random_tokens,
+    text_tokens,
+)
+from lens_bias.hooks import intervene
+from lens_bias.models import ModelSpec, from_hf, pretrained, random_init
+from lens_bias.report import BiasReport, analyze, viz
+from lens_bias.seedprint import Fingerprint, SeedPrintResult, compare, fingerprint
+from lens_bias.training import train
 
 __version__ = "0.1.0"
-__all__ = ["analyze", "ablate", "pretrained", "from_hf", "perplexity", "PerplexityTable", "super_weights", "super_weight_table", "massive_activations", "massive_ablation", "intervene", "compare", "fingerprint", "Fingerprint", "SeedPrintResult", "seedprint", "BiasReport", "SECTIONS", "models", "random_init", "ModelSpec", "ModelAdapter", "ModelInfo", "Probe", "Analysis", "Result", "run_analyses", "random_tokens", "random_embeddings", "RandomEmbeddings", "InputSpec", "LensBiasError"]
+__all__ = [
+    "analyze", "ablate", "random_init", "pretrained", "from_hf", "random_tokens", "random_embeddings", "text_tokens", "intervene",
+    "fingerprint", "compare", "train", "perplexity", "super_weights", "super_weight_table", "massive_activations", "massive_ablation",
+    "viz", "models", "hooks", "seedprint", "experiments", "BiasReport", "Fingerprint", "SeedPrintResult", "PerplexityTable", "SECTIONS",
+    "ModelSpec", "ModelAdapter", "ModelInfo", "Probe", "Analysis", "Result", "run_analyses", "InputSpec", "RandomEmbeddings", "LensBiasError",
+]
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())

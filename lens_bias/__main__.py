@@ -1,5 +1,5 @@
 """``python -m lens_bias ...`` is the ``lens-bias`` command."""
 
-from .cli import main
+from lens_bias.cli import main
 
 raise SystemExit(main())

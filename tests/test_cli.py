@@ -49,6 +49,7 @@ def test_bad_input_exits_2_with_one_line(capsys, argv, message):
     assert message in err and "\n" not in err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [[sys.executable, "-m", "lens_bias"], ["lens-bias"]])
 def test_entry_points(command):
     if command == ["lens-bias"] and shutil.which("lens-bias") is None:

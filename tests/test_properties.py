@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, event, given, settings, strategies as st
 
 import lens_bias
 import lens_bias.hooks as H
-from lens_bias.adapter import last_position
+from lens_bias.core.adapter import last_position
 from lens_bias.cli import main
 from lens_bias.seedprint import Fingerprint
 
@@ -157,7 +157,7 @@ def test_interventions(model, make, layers, n, seq_len, batch_size):
         edits = [f(layers) for f in make]
         kept = lens_bias.ModelAdapter(model[0]).collect(
             lens_bias.random_tokens(n, seq_len, V), [last_position("ln_final.hook_normalized")], batch_size=batch_size,
-            interventions=edits, progress=False,
+            hooks=lens_bias.hooks.edit_hooks(model[0], edits), progress=False,
         )
     except EXPECTED as err:
         refused(err)

@@ -9,10 +9,11 @@ import torch
 
 import lens_bias
 import lens_bias.hooks as H
-from lens_bias import LensBiasError, memory
+from lens_bias import LensBiasError
+from lens_bias.core import memory
 from lens_bias.cli import main
-from lens_bias.adapter import Probe, last_position
-from lens_bias.checkpoints import load_checkpoint, save_checkpoint
+from lens_bias.core.adapter import Probe, last_position
+from lens_bias.models.checkpoints import load_checkpoint, save_checkpoint
 from lens_bias.seedprint import Fingerprint, fingerprint
 
 from .conftest import assert_same_state, hook_snapshot, state_copy, tiny, warmed_snapshot
@@ -160,8 +161,9 @@ def test_probes_that_keep_too_much_are_refused_after_the_first_batch(model, monk
 
 
 def test_train_refuses_a_step_that_cannot_fit(monkeypatch):
-    from lens_bias.data import TokenData, prose
-    from lens_bias.train import train
+    from lens_bias.core.corpora import prose
+    from lens_bias.training.data import TokenData
+    from lens_bias.training.trainer import train
 
     m = lens_bias.random_init(SPEC.split(":")[0], d_model=32, n_layers=2, n_heads=4, d_vocab=300, n_ctx=16, seed=1)
     data = TokenData.build(prose(), vocab_size=300, seq_len=16)
@@ -194,7 +196,7 @@ def test_nan_inside_the_model_names_the_first_hook_where_it_appeared(model):
     with pytest.raises(LensBiasError, match=r"NaN/inf first appeared at hook blocks\.1\.\S+ \(sequences 0-3\)"):
         lens_bias.ModelAdapter(model).collect(
             lens_bias.random_tokens(8, 8, 100), [last_position(f"blocks.{layer}.hook_resid_post") for layer in (0, 1)],
-            batch_size=4, interventions=[("blocks.1.hook_resid_mid", poison)], progress=False)
+            batch_size=4, hooks=[("blocks.1.hook_resid_mid", poison)], progress=False)
     assert hook_snapshot(model) == hooks
     assert_same_state(model, before)
 
@@ -244,7 +246,7 @@ def test_interrupted_analyze_and_fingerprint_leave_the_model_unchanged(model, ex
 
     with pytest.raises(exc):
         lens_bias.ModelAdapter(model).collect(lens_bias.random_tokens(8, 8, 100), [last_position("ln_final.hook_normalized")],
-                                              batch_size=4, interventions=[("blocks.0.hook_resid_mid", boom)], progress=False)
+                                              batch_size=4, hooks=[("blocks.0.hook_resid_mid", boom)], progress=False)
     assert model.training
     model.eval()
     assert hook_snapshot(model) == hooks
@@ -266,7 +268,7 @@ def test_every_intervention_interrupted_leaves_the_model_unchanged(model, iv):
     tokens = lens_bias.random_tokens(4, 8, 100)
     with pytest.raises(KeyboardInterrupt):
         lens_bias.ModelAdapter(model).collect(tokens, [last_position("ln_final.hook_normalized")], batch_size=2,
-                                              interventions=[iv, ("blocks.1.hook_resid_post", _interrupt_on_call(2))], progress=False)
+                                              hooks=H.edit_hooks(model, [iv, ("blocks.1.hook_resid_post", _interrupt_on_call(2))]), progress=False)
     assert hook_snapshot(model) == hooks
     assert_same_state(model, before)
 
@@ -293,8 +295,9 @@ def test_interrupted_save_leaves_no_partial_file(tmp_path, monkeypatch, garbage)
 
 
 def test_interrupted_training_keeps_complete_checkpoints_only(tmp_path, monkeypatch):
-    from lens_bias import train as train_module
-    from lens_bias.data import TokenData, prose
+    from lens_bias.training import trainer as train_module
+    from lens_bias.core.corpora import prose
+    from lens_bias.training.data import TokenData
 
     m = lens_bias.random_init("llama", d_model=32, n_layers=2, n_heads=4, d_vocab=300, n_ctx=16, seed=1)
     data = TokenData.build(prose(), vocab_size=300, seq_len=16)

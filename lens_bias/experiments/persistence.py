@@ -27,22 +27,28 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import shutil
 import tempfile
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence, Union
 
 import pandas as pd
 from tqdm.auto import tqdm
 
-from .. import seedprint
-from ..checkpoints import load_checkpoint
-from ..data import TokenData, code, prose
-from ..errors import LensBiasError
-from ..models import ModelSpec, random_init
-from ..train import train
-from .tables import markdown_table
+from lens_bias import seedprint
+from lens_bias.core.corpora import code, prose
+from lens_bias.core.errors import LensBiasError
+from lens_bias.core.figures import new_figure
+from lens_bias.core.serialise import Serialisable
+from lens_bias.core.tables import markdown_table
+from lens_bias.experiments.base import Experiment, Outcome
+from lens_bias.models import ModelSpec, random_init
+from lens_bias.models.checkpoints import load_checkpoint
+from lens_bias.seedprint.lineage import ALPHA, STRONG
+from lens_bias.training.data import TokenData
+from lens_bias.training.trainer import train
 
 __all__ = ["PersistenceConfig", "PersistenceResult", "PRESETS", "run_persistence"]
 
@@ -51,13 +57,10 @@ logger = logging.getLogger(__name__)
 SEEDS = (42, 123, 1000, 2000)
 DATA_SEED = 42
 CYCLE = [(SEEDS[i], SEEDS[(i + 1) % len(SEEDS)]) for i in range(len(SEEDS))]  # the 4 pairs of tables 1 and 3
-# Table 2's bar: "related" there must be overwhelming, not just below alpha.
-STRONG = 1e-10
-ALPHA = 0.01
 
 
 @dataclass(frozen=True)
-class PersistenceConfig:
+class PersistenceConfig(Serialisable):
     """Sizes of the experiment; ``PRESETS`` holds the tested ones."""
 
     arch: str = "llama"
@@ -78,13 +81,6 @@ class PersistenceConfig:
     m: int = 64  # identity dims; about d_model / 2 at small width
     n_null: int = 20  # fresh inits in the seeds null (embedding inputs, tables 1-3)
     n_null_trained: int = 2  # extra seeds pretrained on the same data, for the data-matched null
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "PersistenceConfig":
-        return cls(**d)
 
 
 PRESETS = {
@@ -109,9 +105,14 @@ class PersistenceResult:
 
     def plot(self) -> Any:
         """log10 p of the lineage test along the seed-42 run's checkpoints (a matplotlib Figure)."""
-        from ..viz import plot_lineage
-
-        return plot_lineage(self.curve)
+        fig = new_figure()
+        ax = fig.subplots()
+        ax.plot(self.curve.step, self.curve.log10_p, marker="o")
+        ax.axhline(math.log10(ALPHA), color="k", linestyle="--", label=f"α = {ALPHA}")
+        ax.set_xlabel("training step")
+        ax.set_ylabel("log10 p (init vs checkpoint)")
+        ax.legend()
+        return fig
 
     def save(self, out: Union[str, Path]) -> None:
         out = Path(out)
@@ -280,3 +281,26 @@ def summary(result: PersistenceResult) -> str:
         f"table {r.table} {r.base} vs {r.target} ({r.inputs}): p = {r.p:.2g}, expected {r.expected}" for r in wrong.itertuples()
     )
     return f"training (loss in nats; a model that learned anything beats the unigram entropy):\n{training}\n\n{result.markdown()}\nlineage of the seed-42 run, init vs each checkpoint:\n{curve}\n\n{verdict}"
+
+
+class PersistenceExperiment(Experiment):
+    """``lens-bias persistence``: :func:`run_persistence` from the command line."""
+
+    name = "persistence"
+    help = "the SeedPrint persistence experiment: train small models on prose and code, test lineage (tables 1-4)"
+    description = (
+        "Pretrain init seeds 42, 123, 1000, 2000 on stdlib prose (data seed 42), continue 1000 and 123 on stdlib code, "
+        "and test lineage between inits, trained and continued models. Exits 1 when a verdict differs from the expected one."
+    )
+    preset_help = "sizes (tiny ≈ 2 min, default ≤ 20 min on 2 CPU cores, scale: the 160M toy on a GPU)"
+    config_type = PersistenceConfig
+    presets = PRESETS
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("--inputs", nargs="+", choices=list(KINDS), default=["tokens"], help="fingerprint input kinds")
+
+    def run(self, config: PersistenceConfig, args: Any) -> Outcome:
+        result = run_persistence(config, inputs=args.inputs, progress=not args.no_progress)
+        if args.out:
+            result.save(args.out)
+        return Outcome(summary(result), result.all_as_expected)

@@ -4,8 +4,8 @@
    tokens and one repeated token, with and without a BOS token, per layer and head.
 2. Massive activations and 3. super weights: :mod:`lens_bias.analyses.massive`, :mod:`lens_bias.analyses.super_weights`.
 4. Moving the sink (:func:`move_sink_table`): MaskToSelf(k), AmplifyVariance(k, λ) and the ScaleNorm(k, λ)
-   control on text, α_k and Sink_k with standard errors over sequences (``lens_bias.experiments.sinks.intervention_table``).
-5. SeedPrint against descendants: :mod:`lens_bias.descendants`.
+   control on text, α_k and Sink_k with standard errors over sequences (``lens_bias.experiments.sink_training.intervention_table``).
+5. SeedPrint against descendants: :mod:`lens_bias.experiments.descendants`.
 6. Low precision (:func:`precision_table`): ``analyze`` in bf16 and fp16, every number finite, compared with float32.
 
 Every table is a DataFrame; :func:`run` runs them all and :class:`RealModelResult` renders them as markdown.
@@ -18,19 +18,23 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Sequence
 
 import pandas as pd
 import torch
 
-from ..analyses.sinks import DEFAULT_EPS, Sinks, SinksResult
-from ..errors import LensBiasError
-from ..inputs import random_tokens, repeated_tokens, text_tokens, with_bos
-from .sinks import _run, intervention_table
-from .tables import markdown_table
-
-if TYPE_CHECKING:
-    from ..report import BiasReport
+from lens_bias.analyses.base import measure
+from lens_bias.analyses.sinks import DEFAULT_EPS, Sinks, SinksResult
+from lens_bias.core import tl
+from lens_bias.core.errors import LensBiasError
+from lens_bias.core.inputs import random_tokens, repeated_tokens, text_tokens, with_bos
+from lens_bias.core.serialise import Serialisable
+from lens_bias.core.tables import markdown_table
+from lens_bias.experiments.base import Experiment, Outcome
+from lens_bias.experiments.sink_training import intervention_table
+from lens_bias.models import load_model
+from lens_bias.report.bias_report import BiasReport, analyze
 
 __all__ = ["sink_inputs", "SinkTable", "sink_table", "move_sink_table", "precision_table", "RealModelConfig", "RealModelResult", "run"]
 
@@ -110,7 +114,7 @@ def sink_table(
     for kind in kinds:
         for with_bos_token in bos:
             tokens = sink_inputs(model, kind, n, seq_len, bos=with_bos_token, seed=seed)
-            results[(kind, with_bos_token)] = _run(model, tokens, [Sinks(eps=eps)])["sinks"]
+            results[(kind, with_bos_token)] = measure(model, tokens, [Sinks(eps=eps)])["sinks"]
     return SinkTable(results, eps)  # type: ignore[arg-type]
 
 
@@ -168,12 +172,10 @@ def precision_table(
     every number of that dtype's report (headlines and tables of all sections) is finite.
     """
     tokens = text_tokens(_tokenizer(model), n, seq_len, seed=seed)
-    from ..report import analyze  # lens_bias.report imports this package (ablate): import it when called
-
     reference = _flatten(analyze(model, inputs=tokens, progress=False))
     rows = []
     for dtype in dtypes:
-        cast = copy.deepcopy(model).to(dtype)
+        cast = tl.move(copy.deepcopy(model), dtype)
         report = analyze(cast, inputs=tokens, progress=False)
         finite, values = _all_finite(report), _flatten(report)
         del cast
@@ -191,7 +193,7 @@ def precision_table(
 
 
 @dataclass(frozen=True)
-class RealModelConfig:
+class RealModelConfig(Serialisable):
     """Sizes of the real-model experiments (defaults: the papers' where they give one)."""
 
     # Gu et al.: 100 sequences of 64 tokens, ε 0.3.
@@ -205,13 +207,6 @@ class RealModelConfig:
     # bf16/fp16 comparison: a full analyze per dtype.
     precision_sequences: int = 32
     seed: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "RealModelConfig":
-        return cls(**d)
 
 
 @dataclass
@@ -248,3 +243,24 @@ def run(model: Any, config: RealModelConfig = RealModelConfig()) -> RealModelRes
     precision = precision_table(model, n=config.precision_sequences, seq_len=config.seq_len, seed=config.seed)
     seconds["precision"] = time.perf_counter() - start
     return RealModelResult(config, sinks, move, precision, seconds)
+
+
+class RealModelExperiment(Experiment):
+    """``lens-bias real-model``: :func:`lens_bias.experiments.real_model.run` on a pretrained model from the command line."""
+
+    name = "real-model"
+    help = "the papers' real-model experiments on a pretrained model: sinks by input kind, moving the sink, bf16/fp16"
+    description = "Gu et al.'s sink table, moving the sink on text, and analyze in bf16 / fp16 against float32, on --model."
+    config_type = RealModelConfig
+    presets = {"default": RealModelConfig()}
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("--model", default="smollm2-135m-instruct", metavar="MODEL", help="a pretrained model with a tokenizer (any MODEL string)")
+
+    def run(self, config: RealModelConfig, args: Any) -> Outcome:
+        result = run(load_model(args.model), config)
+        text = result.markdown()
+        if args.out:
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+            (Path(args.out) / "summary.md").write_text(text)
+        return Outcome(text)

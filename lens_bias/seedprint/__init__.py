@@ -2,9 +2,9 @@
 
 The algorithm is the SeedPrints camera-ready one (Tong et al., arXiv 2509.26404): the same N random inputs go
 through both models (:func:`fingerprint`); the features are the final normalized hidden states at the last
-position. :func:`lineage_test` (alias ``test``) picks the identity dimensions, takes Kendall's τ-b per dimension
-between the two models and judges the mean τ̄ against a null: :class:`AnalyticNull` (the closed form),
-:class:`EmpiricalNull` or :class:`SeedsNull`.
+position. :func:`lineage_test` picks the identity dimensions, takes Kendall's τ-b per dimension between the two
+models and judges the mean τ̄ against a null: :class:`AnalyticNull` (the closed form), :class:`EmpiricalNull` or
+:class:`SeedsNull` (every null registers itself in ``NULLS`` by its ``kind``).
 
 For small models the analytic null is anti-conservative (shared residual path with embedding inputs, repeated
 last tokens when N ≫ V): ``SeedsNull()`` judges τ̄ against fresh random inits of the base model's architecture
@@ -24,13 +24,33 @@ and :mod:`~lens_bias.seedprint.calibration`.
 (True, True, 'empirical')
 """
 
-from .calibration import calibrate
-from .fingerprints import FeaturesLike, Fingerprint, fingerprint, regenerate_inputs
-from .lineage import SeedPrintResult, compare, lineage_test, test
-from .nulls import NULLS, AnalyticNull, EmpiricalNull, Null, SeedsNull, null_named, seed_null_fingerprints
-from .statistic import MODES, identity_dims, tau_null_sd
+from lens_bias.seedprint.calibration import calibrate
+from lens_bias.seedprint.fingerprints import (
+    FeaturesLike,
+    Fingerprint,
+    fingerprint,
+    regenerate_inputs,
+)
+from lens_bias.seedprint.lineage import (
+    ALPHA,
+    STRONG,
+    SeedPrintResult,
+    compare,
+    lineage_test,
+)
+from lens_bias.seedprint.nulls import (
+    NULLS,
+    AnalyticNull,
+    EmpiricalNull,
+    Null,
+    SeedsNull,
+    null_named,
+    seed_null_fingerprints,
+)
+from lens_bias.seedprint.statistic import MODES, identity_dims, tau_null_sd
 
 __all__ = [
-    "Fingerprint", "SeedPrintResult", "fingerprint", "lineage_test", "test", "compare", "calibrate", "identity_dims", "tau_null_sd",
-    "seed_null_fingerprints", "regenerate_inputs", "Null", "AnalyticNull", "EmpiricalNull", "SeedsNull", "null_named", "NULLS", "MODES", "FeaturesLike",
+    "Fingerprint", "SeedPrintResult", "fingerprint", "lineage_test", "compare", "calibrate", "identity_dims", "tau_null_sd",
+    "seed_null_fingerprints", "regenerate_inputs", "Null", "AnalyticNull", "EmpiricalNull", "SeedsNull", "null_named", "NULLS", "MODES",
+    "FeaturesLike", "ALPHA", "STRONG",
 ]

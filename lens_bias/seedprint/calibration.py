@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import warnings
-from dataclasses import replace
 from typing import Any, Callable, Sequence, Union
 
 import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from ..errors import LensBiasError
-from .fingerprints import Fingerprint, fingerprint
-from .lineage import lineage_test
-from .nulls import AnalyticNull, Null, SeedsNull
+from lens_bias.core.errors import LensBiasError
+from lens_bias.seedprint.fingerprints import Fingerprint, fingerprint
+from lens_bias.seedprint.lineage import lineage_test
+from lens_bias.seedprint.nulls import AnalyticNull, Null, SeedsNull
 
 __all__ = ["calibrate"]
 
@@ -35,11 +34,11 @@ def calibrate(
 ) -> pd.DataFrame:
     """False-positive rate of each null on pairs of independent random inits of one architecture.
 
-    Builds ``n_null + 2·n_pairs`` models with init seeds ``first_seed, first_seed + 1, ...``, fingerprints each
+    Builds ``n_fresh + 2·n_pairs`` models with init seeds ``first_seed, first_seed + 1, ...``, fingerprints each
     once on the same inputs of every kind asked for, and tests every pair: any p < alpha is a false positive,
-    since no two of these models share an initialisation. The first ``n_null`` models (the largest ``n_null`` of
-    a :class:`SeedsNull` without fingerprints or factory of its own; 0 without one) are that null's fresh inits,
-    shared by every pair.
+    since no two of these models share an initialisation. The first ``n_fresh`` models (the most any null asks
+    for through ``Null.fresh_inits_needed``: a :class:`SeedsNull` without fingerprints or factory of its own asks
+    for its ``n_null``) are the nulls' fresh inits, shared by every pair (``Null.with_fresh_inits``).
 
     Args:
         factory: ``seed -> model``, e.g. ``lambda s: lens_bias.random_init("llama", d_model=128, seed=s)``.
@@ -62,18 +61,17 @@ def calibrate(
     if not all(isinstance(null, Null) for null in nulls):
         raise LensBiasError(f"nulls must be null objects such as (AnalyticNull(), SeedsNull()), got {list(nulls)!r}")
     # fresh inits are drawn here for the seeds nulls that bring no models of their own
-    n_null = max((null.n_null for null in nulls if isinstance(null, SeedsNull) and null.source == "recorded spec"), default=0)
+    n_fresh = max((null.fresh_inits_needed() for null in nulls), default=0)
     prints: dict[str, list[Fingerprint]] = {kind: [] for kind in kinds}
-    for s in tqdm(range(first_seed, first_seed + n_null + 2 * n_pairs), desc="calibration models", disable=not progress):
+    for s in tqdm(range(first_seed, first_seed + n_fresh + 2 * n_pairs), desc="calibration models", disable=not progress):
         model = factory(s)
         for kind in kinds:
             prints[kind].append(fingerprint(model, inputs=kind, n=n, seq_len=seq_len, seed=seed, vocab=vocab, progress=False))
     rows = []
     for kind in kinds:
-        fresh, pairs = prints[kind][:n_null], prints[kind][n_null:]
+        fresh, pairs = prints[kind][:n_fresh], prints[kind][n_fresh:]
         for null in nulls:
-            if isinstance(null, SeedsNull) and null.source == "recorded spec":
-                null = replace(null, fingerprints=fresh[: null.n_null])
+            null = null.with_fresh_inits(fresh)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # the unsafe-regime warning is what this function measures
                 outcomes = [lineage_test(pairs[2 * i], pairs[2 * i + 1], null=null, alpha=alpha, **test_kwargs) for i in range(n_pairs)]

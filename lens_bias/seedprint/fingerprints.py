@@ -1,6 +1,6 @@
 """SeedPrint fingerprints: a model's final normalized state at the last position of N recorded random inputs.
 
-Inputs come from :func:`lens_bias.inputs.resolve_inputs`, the path every analysis uses, with one convention for
+Inputs come from :func:`lens_bias.core.inputs.resolve_inputs`, the path every analysis uses, with one convention for
 embedding inputs chosen explicitly there: N(0, ``embed_std``), the same for every model of one width (two models'
 fingerprints must see the same inputs, and a trained model's ``W_E`` statistics drift from its init's).
 
@@ -26,13 +26,19 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from .. import _tl
-from .._io import atomic_save, load_torch_file
-from ..adapter import READOUT, ModelAdapter, last_position
-from ..errors import LensBiasError
-from ..inputs import Inputs, RandomEmbeddings, random_tokens, resolve_inputs
+from lens_bias.core import distributed as distributed_run
+from lens_bias.core import tl
+from lens_bias.core.adapter import READOUT, ModelAdapter, last_position
+from lens_bias.core.errors import LensBiasError
+from lens_bias.core.files import atomic_save, load_torch_file
+from lens_bias.core.inputs import (
+    Inputs,
+    RandomEmbeddings,
+    random_tokens,
+    resolve_inputs,
+)
 
-__all__ = ["Fingerprint", "fingerprint", "regenerate_inputs", "FeaturesLike"]
+__all__ = ["Fingerprint", "fingerprint", "regenerate_inputs", "as_features", "check_compatible", "FeaturesLike"]
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +95,7 @@ def _digest(inputs: Inputs) -> str:
 
 
 def _versions() -> dict[str, str]:
-    return {"lens_bias": version("lens-bias"), "transformer_lens": _tl.tl_version(), "torch": str(torch.__version__)}
+    return {"lens_bias": version("lens-bias"), "transformer_lens": tl.tl_version(), "torch": str(torch.__version__)}
 
 
 def _with_device_dtype(model: Any, device: Union[str, torch.device, None], dtype: torch.dtype | None) -> Any:
@@ -107,7 +113,7 @@ def _with_device_dtype(model: Any, device: Union[str, torch.device, None], dtype
     clone = copy.deepcopy(model)
     if hasattr(model, "lens_bias_spec"):
         clone.lens_bias_spec = model.lens_bias_spec
-    return clone.to(want_device).to(want_dtype)
+    return tl.move(tl.move(clone, want_device), want_dtype)
 
 
 def fingerprint(
@@ -133,9 +139,9 @@ def fingerprint(
     Args:
         model: any TransformerLens model (never modified).
         inputs: "tokens" (IDs uniform in ``[0, vocab)``), "embeddings" (N(0, embed_std) in place of the token
-            embedding: the same inputs for every model of one width, where :func:`lens_bias.inputs.random_embeddings`
+            embedding: the same inputs for every model of one width, where :func:`lens_bias.core.inputs.random_embeddings`
             without ``std`` would follow each model's own ``W_E``), or explicit token IDs / embeddings; all resolved
-            by :func:`lens_bias.inputs.resolve_inputs`.
+            by :func:`lens_bias.core.inputs.resolve_inputs`.
         n: number of random sequences.
         seq_len: tokens per sequence (the papers use 1024).
         seed: seed of the random inputs (the papers use 42).
@@ -177,10 +183,8 @@ def fingerprint(
 
     probe = last_position(READOUT)
     if distributed:
-        from .. import distributed as dist_util
-
-        dist_util.ensure_process_group()
-        device = device if device is not None else dist_util.local_device()
+        distributed_run.ensure_process_group()
+        device = device if device is not None else distributed_run.local_device()
         runner = _with_device_dtype(model, device, dtype)
         batch = batch_size or ModelAdapter(runner).default_batch_size(data.shape[1])
 
@@ -190,7 +194,7 @@ def fingerprint(
             shard = data.view(start, stop) if isinstance(data, RandomEmbeddings) else data[start:stop]
             return ModelAdapter(runner).collect(shard, [probe], batch_size=batch, progress=progress, desc="fingerprint")[probe.key]
 
-        gathered = dist_util.run_sharded(extract, data.shape[0], batch)
+        gathered = distributed_run.run_sharded(extract, data.shape[0], batch)
         if gathered is None:
             return None
         features = gathered
@@ -220,11 +224,11 @@ def regenerate_inputs(base: Fingerprint) -> Inputs:
     return data
 
 
-
-def _as_features(x: FeaturesLike, name: str) -> Tensor:
+def as_features(x: FeaturesLike, name: str) -> Float[Tensor, "n d"]:
+    """The float32 CPU feature matrix of a :class:`Fingerprint` or an ``[N, D]`` array; NaN/inf are refused."""
     if isinstance(x, Fingerprint):
-        return x.features
-    if isinstance(x, np.ndarray):
+        x = x.features
+    elif isinstance(x, np.ndarray):
         x = torch.from_numpy(x)
     if isinstance(x, Tensor) and x.ndim == 2 and x.is_floating_point():
         if not torch.isfinite(x).all():
@@ -233,7 +237,8 @@ def _as_features(x: FeaturesLike, name: str) -> Tensor:
     raise TypeError(f"{name} must be a Fingerprint or a float [N, D] array/tensor, got {type(x).__name__}")
 
 
-def _check_compatible(a: FeaturesLike, b: FeaturesLike, fa: Tensor, fb: Tensor) -> None:
+def check_compatible(a: FeaturesLike, b: FeaturesLike, fa: Tensor, fb: Tensor) -> None:
+    """Refuse two feature matrices that do not come from the same inputs (shape, or the fingerprints' input records)."""
     if fa.shape != fb.shape:
         raise LensBiasError(
             f"feature matrices must have the same shape (rows = the same inputs in the same order, same width); "

@@ -1,4 +1,4 @@
-"""The lineage test: do two fingerprints share an initialisation? (:func:`lineage_test`, alias ``test``.)
+"""The lineage test: do two fingerprints share an initialisation? (:func:`lineage_test`)
 
 The algorithm is the SeedPrints camera-ready one (Tong et al., arXiv 2509.26404): the identity dimensions are the
 m dimensions with the smallest mean over inputs (intersected across the two models in "coset" mode); each row is
@@ -19,22 +19,30 @@ from __future__ import annotations
 
 import inspect
 import math
-import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
-import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from ..adapter import ModelAdapter
-from ..errors import LensBiasError
-from .fingerprints import FeaturesLike, _as_features, _check_compatible, fingerprint
-from .nulls import AnalyticNull, Null, _Case
-from .statistic import MODES, _core
+from lens_bias.core.adapter import ModelAdapter
+from lens_bias.core.errors import LensBiasError
+from lens_bias.seedprint.fingerprints import (
+    FeaturesLike,
+    as_features,
+    check_compatible,
+    fingerprint,
+)
+from lens_bias.seedprint.nulls import NULLS, AnalyticNull, Case, Null
+from lens_bias.seedprint.statistic import MODES, tau_statistic
 
-__all__ = ["SeedPrintResult", "lineage_test", "test", "compare"]
+__all__ = ["SeedPrintResult", "lineage_test", "compare", "ALPHA", "STRONG"]
+
+# The papers' significance level for "same lineage", and the bar a known descendant must clear (LeaFBench-style
+# "overwhelmingly related", as the papers report related pairs at p ≲ 1e-10).
+ALPHA = 0.01
+STRONG = 1e-10
 
 
 @dataclass
@@ -46,7 +54,7 @@ class SeedPrintResult:
     tau_bar: float  # mean Kendall τ over the identity dimensions
     z: float  # τ̄ in null standard deviations (analytic, or against the seeds null)
     k: int  # identity dimensions with a defined τ
-    n: int  # inputs used (NaN rows dropped)
+    n: int  # inputs compared
     m: int
     mode: str
     temperature: float
@@ -58,12 +66,9 @@ class SeedPrintResult:
     means_b: Float[Tensor, "k"]
     null_settings: dict[str, Any] | None = None  # the null's to_dict()
     reason: str | None = None  # why p = 1 without a test (k = 0 or 1)
-    tau_agg: float | None = None  # aggregate signal (AnalyticNull(aggregate=True))
-    z_agg: float | None = None
-    null_tau_bars: list[float] | None = None  # seeds null: base vs each of its models
-    p_rank: float | None = None  # seeds null: rank of τ̄ among the K + 1
-    null_taus_mean: float | None = None  # empirical null: pooled null τ's
-    null_taus_std: float | None = None
+    # The null's own numbers (Judgement.details): AnalyticNull(aggregate=True) tau_agg and z_agg; EmpiricalNull the
+    # pooled null τ's mean and std; SeedsNull each null model's τ̄ and the rank p.
+    null_details: dict[str, Any] = field(default_factory=dict)
 
     @property
     def same_lineage(self) -> bool:
@@ -77,7 +82,8 @@ class SeedPrintResult:
     def __str__(self) -> str:
         verdict = "SAME lineage" if self.same_lineage else "no evidence of shared lineage"
         extra = f" ({self.reason})" if self.reason else ""
-        rank = f", rank p {self.p_rank:.3g}" if self.p_rank is not None else ""
+        kind = (self.null_settings or {}).get("kind")
+        rank = NULLS[kind].note(self.null_details) if self.null_details and kind in NULLS else ""
         return (
             f"SeedPrint ({self.null} null, {self.mode} identity dims, m {self.m}, k {self.k}, n {self.n}): "
             f"τ̄ = {self.tau_bar:.4f}, z = {self.z:.2f}, p = {self.p:.3g} (log10 {self.log10_p:.1f}{rank}) -> {verdict} at α = {self.alpha}{extra}"
@@ -123,21 +129,17 @@ def lineage_test(
         )
     if mode not in MODES:
         raise LensBiasError(f"mode must be one of {MODES}, got {mode!r}")
-    fa, fb = _as_features(a, "a"), _as_features(b, "b")
-    _check_compatible(a, b, fa, fb)
-    keep = ~(torch.isnan(fa).any(dim=1) | torch.isnan(fb).any(dim=1))
-    if not keep.all():
-        warnings.warn(f"dropping {int((~keep).sum())} of {keep.numel()} input rows with NaN features", stacklevel=2)
-        fa, fb = fa[keep], fb[keep]
+    fa, fb = as_features(a, "a"), as_features(b, "b")
+    check_compatible(a, b, fa, fb)
     n, d = fa.shape
     if n < 3:
-        raise LensBiasError(f"need at least 3 inputs with finite features, got {n}")
+        raise LensBiasError(f"need at least 3 inputs, got {n}")
     m = int(ratio_k * d) if m is None else m
     if not 1 <= m <= d:
         raise LensBiasError(f"m must be in [1, D={d}], got {m} (with m=None it is ⌊ratio_k·D⌋)")
-    null._check(a, n)
+    null.check(a, n)
 
-    core = _core(fa, fb, m, mode, temperature)
+    core = tau_statistic(fa, fb, m, mode, temperature)
     dims = core.dims
     result = SeedPrintResult(
         p=1.0, log10_p=0.0, tau_bar=core.tau_bar, z=float("nan"), k=core.k, n=n, m=m, mode=mode, temperature=temperature,
@@ -151,15 +153,13 @@ def lineage_test(
             else "fewer than two identity dimensions with a defined τ"
         )
         return result
-    log_p = null._log_p(result, _Case(a, b, fa, fb, keep, m, mode, temperature, core, progress))
-    result.log10_p = log_p / math.log(10)
-    result.p = math.exp(log_p)
+    judgement = null.judge(Case(a, b, fa, fb, m, mode, temperature, core, progress))
+    result.log10_p = judgement.log_p / math.log(10)
+    result.p = math.exp(judgement.log_p)
+    result.z = judgement.z
+    result.null_details = judgement.details
     return result
 
-
-# The historical name; import ``lineage_test`` into test modules (pytest would collect a function named test*).
-test = lineage_test
-test.__test__ = False  # type: ignore[attr-defined]
 
 _FINGERPRINT_KEYWORDS = [name for name in inspect.signature(fingerprint).parameters if name not in ("model", "distributed")]
 _TEST_KEYWORDS = [name for name in inspect.signature(lineage_test).parameters if name not in ("a", "b", "progress")]

@@ -6,8 +6,12 @@
 | :class:`EmpiricalNull` | τ's of random N(0, I) features through the whole pipeline |
 | :class:`SeedsNull` | τ̄ of the base against other models on the same inputs: fresh random inits of its architecture, or any fingerprints you pass (e.g. models trained on the same data from other seeds, a data-matched null) |
 
-Each is a frozen dataclass with a ``label`` (what results and tables call it); ``to_dict`` is what a
-:class:`~lens_bias.seedprint.SeedPrintResult` records, and :meth:`Null.from_dict` reads it back.
+Each is a frozen dataclass with a ``kind`` (its name: subclassing with a ``kind`` registers the class in
+``NULLS``, which the CLI's ``--null`` choices, :func:`null_named`, :meth:`Null.from_dict` and
+:func:`~lens_bias.seedprint.calibrate` read) and a ``label`` (what results and tables call it). A null returns a
+:class:`Judgement`: the log p, the z it was judged at, and its own details, which a
+:class:`~lens_bias.seedprint.SeedPrintResult` keeps in ``null_details``. ``to_dict`` is what a result records of
+the null, and :meth:`Null.from_dict` reads it back.
 
 >>> SeedsNull(n_null=5, label="fresh inits").to_dict()
 {'kind': 'seeds', 'label': 'fresh inits', 'n_null': 5, 'seed': 0, 'source': 'recorded spec', 'n_fingerprints': None}
@@ -20,52 +24,88 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
 import torch
-from scipy.stats import mannwhitneyu, t as student_t, ttest_ind
+from jaxtyping import Float
+from scipy.stats import mannwhitneyu, ttest_ind
+from scipy.stats import t as student_t
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from ..errors import LensBiasError
-from ..models import ModelSpec, random_init, redraw
-from ..stats import kendall_tau_b
-from .fingerprints import FeaturesLike, Fingerprint, _as_features, _check_compatible, fingerprint, regenerate_inputs
-from .statistic import _core, _Core, _log_p_scaled_sf, tau_null_sd
+from lens_bias.core.errors import LensBiasError
+from lens_bias.core.registry import Registry
+from lens_bias.core.stats import kendall_tau_b
+from lens_bias.models import ModelSpec, random_init, redraw
+from lens_bias.seedprint.fingerprints import (
+    FeaturesLike,
+    Fingerprint,
+    check_compatible,
+    fingerprint,
+    regenerate_inputs,
+)
+from lens_bias.seedprint.statistic import (
+    TauStatistic,
+    log_p_scaled_sf,
+    tau_null_sd,
+    tau_statistic,
+)
 
-if TYPE_CHECKING:
-    from .lineage import SeedPrintResult
-
-__all__ = ["Null", "AnalyticNull", "EmpiricalNull", "SeedsNull", "NULLS", "null_named", "seed_null_fingerprints"]
+__all__ = ["Null", "AnalyticNull", "EmpiricalNull", "SeedsNull", "NULLS", "Case", "Judgement", "null_named", "seed_null_fingerprints"]
 
 # Depth up to which the shared residual path makes the analytic null unsafe with embedding inputs (calibration:
 # unrelated llama-style seeds reach p ≈ 1e-60 at 4 layers and p < 0.01 at 12 layers of width 128).
 _SHALLOW_LAYERS = 12
 TEST_TYPES = ("t-test", "welch", "u-test")
 
+# Null kind -> its class; subclassing Null with a ``kind`` adds it.
+NULLS: Registry[type["Null"]] = Registry("null")
+
 
 @dataclass(frozen=True)
-class _Case:
-    """What a null judges: the two inputs as given, their finite feature rows, and the statistic on them."""
+class Case:
+    """What a null judges: the two inputs as given, their features, the statistic on them, and the test's settings."""
 
     a: FeaturesLike
     b: FeaturesLike
-    fa: Tensor
-    fb: Tensor
-    keep: Tensor  # the rows of a's and b's features without NaN
+    fa: Float[Tensor, "n d"]
+    fb: Float[Tensor, "n d"]
     m: int
     mode: str
     temperature: float
-    core: _Core
+    statistic: TauStatistic
     progress: bool
+
+    def tau_bar_against(self, other: Float[Tensor, "n d"]) -> float:
+        """τ̄ of the base against another model's features on the same inputs, by the same pipeline."""
+        return tau_statistic(self.fa, other, self.m, self.mode, self.temperature).tau_bar
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """A null's verdict on a case: natural log of p, the z it was judged at, and the null's own details."""
+
+    log_p: float
+    z: float
+    details: dict[str, Any] = field(default_factory=dict)
 
 
 class Null:
-    """A null distribution of the lineage test (the base of :class:`AnalyticNull`, :class:`EmpiricalNull`, :class:`SeedsNull`)."""
+    """A null distribution of the lineage test (the base of :class:`AnalyticNull`, :class:`EmpiricalNull`, :class:`SeedsNull`).
+
+    A subclass is a frozen dataclass with a ``kind`` (which registers it) and a ``label`` field, and implements
+    :meth:`judge`; :meth:`check` may warn or refuse before the statistic is computed, and :meth:`note` names the
+    details a result's one-line summary shows.
+    """
 
     kind: ClassVar[str]
     label: str
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "kind" in cls.__dict__:
+            NULLS.add(cls.kind, cls)
 
     def to_dict(self) -> dict[str, Any]:
         """The null's settings as plain values (what a result records)."""
@@ -74,23 +114,36 @@ class Null:
     @classmethod
     def from_dict(cls, d: dict[str, Any], **objects: Any) -> "Null":
         """The null that ``to_dict`` recorded; ``objects`` supply what a dict cannot hold (``SeedsNull``'s factory or fingerprints)."""
-        kinds = {k.kind: k for k in (AnalyticNull, EmpiricalNull, SeedsNull)}
         settings = dict(d)
         kind = settings.pop("kind", None)
-        if kind not in kinds or cls not in (Null, kinds[kind]):
-            raise LensBiasError(f"not a recorded {cls.__name__}: kind {kind!r} (expected one of {sorted(kinds)})")
-        return kinds[kind]._from_settings(settings, objects)
+        if kind not in NULLS or cls not in (Null, NULLS[kind]):
+            raise LensBiasError(f"not a recorded {cls.__name__}: kind {kind!r} (expected one of {NULLS.names()})")
+        return NULLS[kind].from_settings(settings, objects)
 
     @classmethod
-    def _from_settings(cls, settings: dict[str, Any], objects: dict[str, Any]) -> "Null":
+    def from_settings(cls, settings: dict[str, Any], objects: dict[str, Any]) -> "Null":
+        """The null of these recorded settings (``to_dict`` without its kind) and objects."""
         return cls(**settings, **objects)
 
-    def _check(self, a: FeaturesLike, n: int) -> None:
+    def check(self, a: FeaturesLike, n: int) -> None:
         """Warnings or refusals before the statistic is computed (none by default)."""
 
-    def _log_p(self, result: "SeedPrintResult", case: _Case) -> float:
-        """Natural log of p; fills the result's z and the null's own fields."""
+    def judge(self, case: Case) -> Judgement:
+        """p (as its natural log) of the case's τ̄ under this null."""
         raise NotImplementedError
+
+    @classmethod
+    def note(cls, details: dict[str, Any]) -> str:
+        """What a result's one-line summary adds of this null's details (nothing by default)."""
+        return ""
+
+    def fresh_inits_needed(self) -> int:
+        """How many fingerprints of fresh random inits :func:`~lens_bias.seedprint.calibrate` must make for this null."""
+        return 0
+
+    def with_fresh_inits(self, prints: Sequence[Fingerprint]) -> "Null":
+        """This null judging against those fresh inits' fingerprints (calibration shares them across pairs)."""
+        return self
 
 
 @dataclass(frozen=True)
@@ -106,7 +159,7 @@ class AnalyticNull(Null):
     label: str = "analytic"
     kind: ClassVar[str] = "analytic"
 
-    def _check(self, a: FeaturesLike, n: int) -> None:
+    def check(self, a: FeaturesLike, n: int) -> None:
         if not isinstance(a, Fingerprint):
             return
         kind, layers = a.inputs.get("kind"), a.model.get("n_layers", 0)
@@ -124,15 +177,16 @@ class AnalyticNull(Null):
                 stacklevel=3,
             )
 
-    def _log_p(self, result: "SeedPrintResult", case: _Case) -> float:
-        sd = tau_null_sd(result.n)
-        result.z = case.core.tau_bar / (sd / math.sqrt(case.core.k))
+    def judge(self, case: Case) -> Judgement:
+        stat = case.statistic
+        n = case.fa.shape[0]
+        sd = tau_null_sd(n)
+        z = stat.tau_bar / (sd / math.sqrt(stat.k))
         if not self.aggregate:
-            return _log_p_scaled_sf(result.z, 2.0)
-        dims = case.core.dims
+            return Judgement(log_p_scaled_sf(z, 2.0), z)
+        dims = stat.dims
         agg = kendall_tau_b(case.fa[:, dims].mean(1, keepdim=True), case.fb[:, dims].mean(1, keepdim=True))[0].item()
-        result.tau_agg, result.z_agg = agg, agg / sd
-        return _log_p_scaled_sf(max(result.z, result.z_agg), 4.0)
+        return Judgement(log_p_scaled_sf(max(z, agg / sd), 4.0), z, {"tau_agg": agg, "z_agg": agg / sd})
 
 
 @dataclass(frozen=True)
@@ -153,24 +207,24 @@ class EmpiricalNull(Null):
         if isinstance(self.n_trials, bool) or not isinstance(self.n_trials, int) or self.n_trials < 1:
             raise LensBiasError(f"n_trials must be an int >= 1, got {self.n_trials!r}")
 
-    def _log_p(self, result: "SeedPrintResult", case: _Case) -> float:
+    def judge(self, case: Case) -> Judgement:
         generator = torch.Generator().manual_seed(self.seed)
         shape = tuple(case.fa.shape)
         pooled = []
         for _ in range(self.n_trials):
             ra, rb = torch.randn(shape, generator=generator), torch.randn(shape, generator=generator)
-            taus = _core(ra, rb, case.m, case.mode, case.temperature).taus
+            taus = tau_statistic(ra, rb, case.m, case.mode, case.temperature).taus
             pooled.append(taus[~torch.isnan(taus)])
         null_taus = torch.cat(pooled).numpy()
-        core = case.core
-        real = core.taus[~torch.isnan(core.taus)].numpy()
-        result.null_taus_mean, result.null_taus_std = float(null_taus.mean()), float(null_taus.std())
-        result.z = (core.tau_bar - result.null_taus_mean) / (result.null_taus_std / math.sqrt(core.k))
+        stat = case.statistic
+        real = stat.taus[~torch.isnan(stat.taus)].numpy()
+        mean, std = float(null_taus.mean()), float(null_taus.std())
+        z = (stat.tau_bar - mean) / (std / math.sqrt(stat.k))
         if self.test_type == "u-test":
             p = mannwhitneyu(real, null_taus, alternative="greater").pvalue
         else:
             p = ttest_ind(real, null_taus, alternative="greater", equal_var=self.test_type == "t-test").pvalue
-        return math.log(max(float(p), 1e-300))
+        return Judgement(math.log(max(float(p), 1e-300)), z, {"null_taus_mean": mean, "null_taus_std": std})
 
 
 @dataclass(frozen=True)
@@ -213,7 +267,7 @@ class SeedsNull(Null):
         return {"kind": self.kind, "label": self.label, "n_null": self.n_null, "seed": self.seed, "source": self.source, "n_fingerprints": count}
 
     @classmethod
-    def _from_settings(cls, settings: dict[str, Any], objects: dict[str, Any]) -> "Null":
+    def from_settings(cls, settings: dict[str, Any], objects: dict[str, Any]) -> "Null":
         source = settings.pop("source", "recorded spec")
         settings.pop("n_fingerprints", None)
         wanted = {"fingerprints": "fingerprints", "factory": "factory"}.get(source)
@@ -221,7 +275,17 @@ class SeedsNull(Null):
             raise LensBiasError(f"this seeds null used a {wanted} that a dict cannot hold; pass it again: Null.from_dict(d, {wanted}=...)")
         return cls(**settings, **objects)
 
-    def _log_p(self, result: "SeedPrintResult", case: _Case) -> float:
+    def fresh_inits_needed(self) -> int:
+        return self.n_null if self.source == "recorded spec" else 0
+
+    def with_fresh_inits(self, prints: Sequence[Fingerprint]) -> "Null":
+        return replace(self, fingerprints=prints[: self.n_null]) if self.source == "recorded spec" else self
+
+    @classmethod
+    def note(cls, details: dict[str, Any]) -> str:
+        return f", rank p {details['p_rank']:.3g}"
+
+    def judge(self, case: Case) -> Judgement:
         prints = self.fingerprints
         if prints is None:
             if not isinstance(case.a, Fingerprint):
@@ -230,35 +294,30 @@ class SeedsNull(Null):
             prints = seed_null_fingerprints(case.a, n_null=self.n_null, factory=self.factory, first_seed=1_000_000 + self.seed, avoid=avoid, progress=case.progress)
         null = []
         for other in prints:
-            _check_compatible(case.a, other, _as_features(case.a, "a"), other.features)
-            tau = _core(case.fa, other.features[case.keep], case.m, case.mode, case.temperature).tau_bar
+            check_compatible(case.a, other, case.fa, other.features)
+            tau = case.tau_bar_against(other.features)
             if not math.isnan(tau):
                 null.append(tau)
         if len(null) < 3:
             raise LensBiasError(f"only {len(null)} null fingerprints gave a defined τ̄; need at least 3")
-        k = len(null)
+        k, tau_bar = len(null), case.statistic.tau_bar
         mean, sd = float(np.mean(null)), float(np.std(null, ddof=1))
-        result.null_tau_bars = null
-        result.z = (result.tau_bar - mean) / sd
-        result.p_rank = (1 + sum(x >= result.tau_bar for x in null)) / (k + 1)
+        z = (tau_bar - mean) / sd
+        p_rank = (1 + sum(x >= tau_bar for x in null)) / (k + 1)
         # A new draw from a normal null with estimated mean and sd is Student-t with k-1 degrees of freedom after
         # scaling by √(1 + 1/k): the exact "normal fit" p for k fresh inits.
-        return float(student_t.logsf(result.z / math.sqrt(1 + 1 / k), k - 1))
-
-
-NULLS = ("analytic", "empirical", "seeds")
+        return Judgement(float(student_t.logsf(z / math.sqrt(1 + 1 / k), k - 1)), z, {"null_tau_bars": null, "p_rank": p_rank})
 
 
 def null_named(name: str, **settings: Any) -> Null:
-    """The null called ``name`` ("analytic", "empirical" or "seeds", as the CLI spells them) with ``settings``.
+    """The null whose ``kind`` is ``name`` (as the CLI spells them: one of ``NULLS``) with ``settings``.
 
     >>> null_named("seeds", n_null=5)
     SeedsNull(n_null=5, seed=0, label='seeds')
     """
-    classes = {"analytic": AnalyticNull, "empirical": EmpiricalNull, "seeds": SeedsNull}
-    if name not in classes:
-        raise LensBiasError(f"null must be one of {NULLS}, got {name!r}")
-    return classes[name](**settings)
+    if name not in NULLS:
+        raise LensBiasError(f"null must be one of {NULLS.names()}, got {name!r}")
+    return NULLS[name](**settings)
 
 
 def seed_null_fingerprints(

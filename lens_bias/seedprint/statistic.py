@@ -18,9 +18,9 @@ from jaxtyping import Float, Int
 from scipy.stats import norm
 from torch import Tensor
 
-from ..stats import kendall_tau_b
+from lens_bias.core.stats import kendall_tau_b
 
-__all__ = ["identity_dims", "tau_null_sd", "MODES"]
+__all__ = ["identity_dims", "tau_null_sd", "tau_statistic", "TauStatistic", "log_p_scaled_sf", "MODES"]
 
 MODES = ("coset", "base")
 
@@ -36,7 +36,7 @@ def identity_dims(features: Float[Tensor, "n d"], m: int) -> Int[Tensor, " m"]:
 
 
 @dataclass(frozen=True)
-class _Core:
+class TauStatistic:
     """One pass of the pipeline: identity dims, per-dimension τ's and their mean over the k defined ones."""
 
     tau_bar: float
@@ -45,7 +45,7 @@ class _Core:
     k: int
 
 
-def _core(fa: Tensor, fb: Tensor, m: int, mode: str, temperature: float) -> _Core:
+def tau_statistic(fa: Float[Tensor, "n d"], fb: Float[Tensor, "n d"], m: int, mode: str, temperature: float) -> TauStatistic:
     """Identity dims, softmax at temperature, per-dimension Kendall τ-b, NaN τ's dropped."""
     dims = identity_dims(fa, m)
     if mode == "coset":
@@ -53,14 +53,14 @@ def _core(fa: Tensor, fb: Tensor, m: int, mode: str, temperature: float) -> _Cor
         dims = dims[torch.isin(dims, other)]
     dims = dims.sort().values
     if dims.numel() < 2:  # k = 1: the softmax over one dimension is constant, τ undefined
-        return _Core(float("nan"), torch.empty(0), dims, dims.numel())
+        return TauStatistic(float("nan"), torch.empty(0), dims, dims.numel())
     pa = torch.softmax(fa[:, dims].double() / temperature, dim=1)
     pb = torch.softmax(fb[:, dims].double() / temperature, dim=1)
     taus = kendall_tau_b(pa, pb)
     valid = taus[~torch.isnan(taus)]
-    return _Core(valid.mean().item() if valid.numel() else float("nan"), taus, dims, int(valid.numel()))
+    return TauStatistic(valid.mean().item() if valid.numel() else float("nan"), taus, dims, int(valid.numel()))
 
 
-def _log_p_scaled_sf(z: float, factor: float) -> float:
+def log_p_scaled_sf(z: float, factor: float) -> float:
     """log of min(1, factor · Φ̄(z)), exact far into the tail (``norm.logsf``)."""
     return min(0.0, math.log(factor) + float(norm.logsf(z)))

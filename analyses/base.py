@@ -1,0 +1,157 @@
+"""The contract between an analysis and the report: declare probes, then turn what they kept into a result.
+
+An analysis never runs the model itself; ``run_analyses`` merges the probes of every requested analysis and
+runs *one* batched pass for all of them, so adding a section to ``analyze`` costs no extra forward pass.
+
+A new section is one file in ``analyses/``: an :class:`Analysis` subclass with a ``name`` registers itself in
+``SECTIONS`` when its class is defined (every module of ``lens_bias.analyses`` is imported, no import line
+needed), and its :class:`Result` says how it is titled, and plotted and viewed when it overrides :meth:`Result.plot`
+and :meth:`Result.show`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Hashable, Mapping, Sequence
+
+import pandas as pd
+from jaxtyping import Int
+from lens_bias.hooks.base import edit_hooks
+from torch import Tensor
+
+from lens_bias.core.adapter import ModelAdapter, ModelInfo, Probe
+from lens_bias.core.errors import LensBiasError
+from lens_bias.core.inputs import Inputs, InputSpec
+from lens_bias.core.registry import Registry
+from lens_bias.core.serialise import Serialisable
+
+__all__ = ["Analysis", "Result", "SECTIONS", "run_analyses", "measure"]
+
+
+class Result(Serialisable):
+    """Base of every section's result: a dataclass with a table, headline numbers and a one-paragraph summary.
+
+    Class attributes say how the report shows it: ``heading`` (its part of the page), ``headline_labels``
+    (headline key -> label of the numbers the page opens with), ``plot_caption`` and ``view_caption``. A result
+    with a figure overrides :meth:`plot`, one with a circuitsvis view overrides :meth:`show`. ``to_dict`` /
+    ``from_dict`` write and read every field (tensors exactly).
+    """
+
+    heading: ClassVar[str] = ""
+    headline_labels: ClassVar[Mapping[str, str]] = {}
+    plot_caption: ClassVar[str] = ""
+    view_caption: ClassVar[str] = ""
+
+    def to_pandas(self) -> pd.DataFrame:
+        """The section's main table."""
+        raise NotImplementedError
+
+    def headline(self) -> dict[str, Any]:
+        """The few numbers the summary quotes, as plain Python values (JSON-ready)."""
+        raise NotImplementedError
+
+    def summary(self) -> str:
+        """A short human-readable paragraph."""
+        raise NotImplementedError
+
+    def plot(self, **kwargs: Any) -> Any:
+        """This section's matplotlib Figure (needs ``lens-bias[plot]``)."""
+        raise LensBiasError(f"{type(self).__name__} has no figure; its numbers are in .to_pandas()")
+
+    def show(self, **kwargs: Any) -> Any:
+        """This section's circuitsvis view (renders in Jupyter; ``lens_bias.viz.save_html`` writes it to a page)."""
+        raise LensBiasError(f"{type(self).__name__} has no circuitsvis view (lens_bias.viz.attention_view(model, tokens) draws attention)")
+
+    @property
+    def has_figure(self) -> bool:
+        return type(self).plot is not Result.plot
+
+    @property
+    def has_view(self) -> bool:
+        return type(self).show is not Result.show
+
+    def __str__(self) -> str:
+        return self.summary()
+
+
+# Section name -> its analysis, in report order (``Analysis.order``); every named subclass adds itself.
+SECTIONS: Registry[type["Analysis"]] = Registry("analysis", order=lambda cls: cls.order)
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """One measurement, registered as a report section by subclassing with a ``name``.
+
+    Subclasses set ``name`` (the section, ``report.<name>``), ``result_type`` and optionally ``order`` (place in
+    the report) and :meth:`applies_to`, and implement :meth:`probes` and :meth:`finalize`. Fields of the
+    (frozen) dataclass are the analysis' parameters; ``analyze`` builds it with their defaults.
+    """
+
+    name: ClassVar[str]
+    result_type: ClassVar[type[Result]] = Result
+    order: ClassVar[float] = 100.0
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "name" not in cls.__dict__:  # a subclass without its own name is a base for others, not a section
+            return
+        SECTIONS.check(cls.name, cls)
+        if cls.result_type is Result:  # BiasReport.from_dict rebuilds the section through it
+            raise LensBiasError(f"{cls.__qualname__} sets no result_type; set it to the Result dataclass its finalize returns")
+        SECTIONS.add(cls.name, cls)
+
+    def applies_to(self, info: ModelInfo) -> bool:
+        """Whether this model has what the analysis reads (``analyze`` leaves the others out by default)."""
+        return True
+
+    def probes(self, adapter: ModelAdapter) -> Mapping[Hashable, Probe]:
+        """The hook reads this analysis needs, by names of its own choosing (e.g. ``("alpha", layer)``)."""
+        raise NotImplementedError
+
+    def finalize(self, adapter: ModelAdapter, kept: Mapping[Hashable, Tensor], spec: InputSpec) -> Result:
+        """Build the result from ``{name in probes(): tensor[n, ...]}``."""
+        raise NotImplementedError
+
+
+def run_analyses(
+    adapter: ModelAdapter,
+    inputs: Inputs,
+    spec: InputSpec,
+    analyses: Sequence[Analysis],
+    *,
+    batch_size: int | None = None,
+    interventions: Sequence[Any] = (),
+    progress: bool = True,
+) -> dict[str, Result]:
+    """Run every analysis on ``inputs`` with one shared batched forward pass; results by analysis name.
+
+    ``interventions``: lens_bias.hooks interventions and/or ``(hook_name, fn)`` pairs attached for the pass, in
+    order (:func:`lens_bias.hooks.base.edit_hooks`).
+    """
+    refused = [a.name for a in analyses if not a.applies_to(adapter.info)]
+    if refused:
+        kind = "attention-only " if adapter.info.attn_only else ""
+        raise LensBiasError(f"section(s) {refused} do not apply to this {kind}{adapter.info.architecture or adapter.info.family} model; leave them out")
+    wanted = [a.probes(adapter) for a in analyses]
+    hooks = edit_hooks(adapter.model, interventions)
+    kept = adapter.collect(inputs, [p for probes in wanted for p in probes.values()], batch_size=batch_size, hooks=hooks, progress=progress)
+    return {
+        a.name: a.finalize(adapter, {local: kept[p.key] for local, p in probes.items()}, spec)
+        for a, probes in zip(analyses, wanted)
+    }
+
+
+def measure(
+    model: Any, tokens: Int[Tensor, "n seq"], analyses: Sequence[Analysis], *, interventions: Sequence[Any] = (), batch_size: int | None = None,
+    progress: bool = False,
+) -> dict[str, Result]:
+    """:func:`run_analyses` on your own token IDs: one batched pass of ``model`` for every analysis, results by name.
+
+    >>> import lens_bias
+    >>> from lens_bias.analyses.sinks import Sinks
+    >>> m = lens_bias.random_init("llama", d_model=64, n_layers=2, n_heads=4, d_vocab=97, n_ctx=16)
+    >>> measure(m, lens_bias.random_tokens(4, 8, 97), [Sinks()])["sinks"].alpha.shape
+    torch.Size([4, 2, 4, 8])
+    """
+    spec = InputSpec(kind="tokens", n=tokens.shape[0], seq_len=tokens.shape[1], seed=None)
+    return run_analyses(ModelAdapter(model), tokens, spec, analyses, batch_size=batch_size, interventions=interventions, progress=progress)

@@ -1,0 +1,456 @@
+"""One adapter for every TransformerLens model: TL 4.x ``TransformerBridge``, TL 3.x ``HookedTransformer``, or
+any ``HookedRootModule`` with the standard hook names.
+
+Analyses never touch the model directly. They hand the adapter :class:`Probe` s (a hook name plus a reduction
+applied *inside* the hook, e.g. "keep the last position"), and the adapter runs batched forward passes under
+``torch.inference_mode`` with the probes and any interventions attached through the model's own scoped
+``model.hooks(...)`` context. Only the reduced tensors are kept, so memory does not grow with the sequence
+length, and the forward pass stops as soon as every probe has fired (the unembedding over all positions is
+never computed when nothing reads it).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping, Sequence, Union
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from lens_bias.core import memory, tl
+from lens_bias.core.errors import LensBiasError
+from lens_bias.core.inputs import Inputs, RandomEmbeddings
+from lens_bias.core.serialise import Serialisable
+
+__all__ = ["ModelAdapter", "ModelInfo", "Probe", "HookFn", "FwdHook", "last_position", "counting", "READOUT", "REGIME_ATTRIBUTE", "REGIMES"]
+
+logger = logging.getLogger(__name__)
+
+HookFn = Callable[..., Union[Tensor, None]]  # TransformerLens hook signature: fn(activation, hook) -> tensor | None
+FwdHook = tuple[str, HookFn]
+
+# The readout: the final norm's output, what the unembedding reads (token preference, fingerprints, contraction).
+READOUT = "ln_final.hook_normalized"
+"""The readout hook: the final norm's output, what the unembedding reads."""
+# The attribute lens_bias.models records a model's regime in ("init" or "trained").
+REGIME_ATTRIBUTE = "lens_bias_regime"
+REGIMES = ("init", "trained")
+
+
+@dataclass(frozen=True)
+class Probe:
+    """Read one hook point: ``fn`` reduces the activation ``[batch, ...]`` to what is kept, ``[batch, ...]``.
+
+    Probes with the same ``key`` are computed once, so two analyses asking for the same reduction share it; a key
+    therefore names one reduction, and two probes with one key and different functions are refused.
+    """
+
+    hook: str
+    reduction: str  # a name for what fn keeps, e.g. "last"; part of the key
+    fn: Callable[[Tensor], Tensor]
+
+    @property
+    def key(self) -> str:
+        return f"{self.hook}:{self.reduction}"
+
+
+def _same_reduction(f: Callable[..., Any], g: Callable[..., Any]) -> bool:
+    """One function, or closures of one definition over equal values (two ``last_position(hook)`` probes)."""
+    if f is g:
+        return True
+    code = getattr(f, "__code__", None)
+    if code is None or code is not getattr(g, "__code__", None):
+        return False
+    try:
+        cells_f, cells_g = (tuple(c.cell_contents for c in h.__closure__ or ()) for h in (f, g))
+        return bool(f.__defaults__ == g.__defaults__ and cells_f == cells_g)  # type: ignore[attr-defined]
+    except (RuntimeError, TypeError, ValueError):  # values without a plain ==, e.g. tensors: not provably equal
+        return False
+
+
+def _unique_probes(probes: Sequence[Probe]) -> dict[str, Probe]:
+    unique: dict[str, Probe] = {}
+    for probe in probes:
+        kept = unique.setdefault(probe.key, probe)
+        if not _same_reduction(kept.fn, probe.fn):
+            raise LensBiasError(
+                f"two probes share the key {probe.key!r} but reduce with different functions "
+                f"({getattr(kept.fn, '__qualname__', kept.fn)!r}, {getattr(probe.fn, '__qualname__', probe.fn)!r}); "
+                "only one would be computed: give one of them another reduction name"
+            )
+    return unique
+
+
+def counting(name: str, fn: HookFn, fired: set[str]) -> HookFn:
+    """``fn`` as a hook that adds ``name`` to ``fired`` whenever it runs: how lens_bias tells an edit that never fired."""
+
+    def hook_fn(activation: Tensor, hook: Any) -> Union[Tensor, None]:
+        fired.add(name)
+        return fn(activation, hook)
+
+    return hook_fn
+
+
+def _check_hooks(hooks: Sequence[Any]) -> list[FwdHook]:
+    pairs = list(hooks)
+    for item in pairs:
+        if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str) and callable(item[1])):
+            raise TypeError(
+                f"hooks are (hook_name, fn) pairs, got {type(item).__name__}; for interventions pass "
+                "lens_bias.hooks.edit_hooks(model, interventions)"
+            )
+    return pairs
+
+
+def last_position(hook: str) -> Probe:
+    """A probe that keeps the last position of ``hook``: ``[batch, pos, d] -> [batch, d]``."""
+    return Probe(hook, "last", lambda x: x[:, -1])
+
+
+@dataclass(frozen=True)
+class ModelInfo(Serialisable):
+    """What lens_bias knows about a model: its architecture (read from ``model.cfg``) and whether its weights are a
+    random init or trained (``regime``)."""
+
+    family: str  # "bridge" (TL 4.x TransformerBridge), "hooked" (TL 3.x HookedTransformer) or "hooked-root"
+    architecture: str | None
+    n_layers: int
+    d_model: int
+    n_heads: int
+    d_head: int
+    d_mlp: int | None
+    d_vocab: int
+    n_ctx: int
+    act_fn: str | None
+    gated_mlp: bool
+    normalization: str | None  # "LN", "RMS", ... or None
+    positional_embedding: str  # "learned", "rotary", "none", ...
+    attn_only: bool
+    device: str
+    dtype: str
+    tl_version: str
+    # "init" (random_init, a redrawn model, a fresh config) or "trained" (pretrained, from_hf, a checkpoint, a model
+    # lens_bias trained): which laws a report compares the model with. Models lens_bias did not make count as trained.
+    regime: str = "trained"
+
+
+class _StopForward(Exception):
+    """Raised inside the last probe hook to end a forward pass whose remaining layers nobody reads."""
+
+
+def _nonfinite(activation: Tensor, hook_name: str) -> Tensor:
+    """A 0-dim bool tensor: does ``activation`` hold a NaN or an inf? (no device sync; read once per batch)"""
+    if not activation.is_floating_point():
+        return torch.zeros((), dtype=torch.bool, device=activation.device)
+    if hook_name.endswith("hook_attn_scores"):  # the causal mask writes -inf there on purpose
+        return torch.isnan(activation).any() | torch.isposinf(activation).any()
+    return ~torch.isfinite(activation).all()
+
+
+def _raise_on_nonfinite(flags: Sequence[tuple[str, Tensor]], start: int, stop: int, dtype: str) -> None:
+    """Name the first probed hook of the batch whose activation was not finite."""
+    if not flags:
+        return
+    bad = torch.stack([flag.cpu() for _, flag in flags])
+    if not bad.any():
+        return
+    hook = flags[int(bad.nonzero()[0])][0]
+    cause = (
+        f"{dtype} overflowed: run the model in bfloat16 or float32" if dtype == "float16"
+        else "the weights or an intervention produced it: check the checkpoint (torch.isfinite on its parameters) and the edits"
+    )
+    raise LensBiasError(f"NaN/inf first appeared at hook {hook} (sequences {start}-{stop - 1}) with finite inputs; {cause}")
+
+
+def _check_kept(kept: Mapping[str, Sequence[Tensor]], batch: int, n: int) -> None:
+    """After the first batch: refuse before the kept values of all ``n`` sequences outgrow CPU memory."""
+    per_seq = sum(values[0].numel() * values[0].element_size() for values in kept.values() if values) / max(1, batch)
+    budget = memory.MEMORY_FRACTION * memory.available_bytes("cpu")
+    if per_seq * n > budget:
+        raise LensBiasError(
+            f"the probes keep {memory.format_bytes(per_seq)} per sequence: {n} sequences need about "
+            f"{memory.format_bytes(per_seq * n)} of CPU memory but only {memory.format_bytes(budget)} can be used; "
+            f"pass at most {int(budget // per_seq)} sequences, or probes that reduce more inside the hook"
+        )
+
+
+def _family(model: Any) -> str:
+    bridge = tl.bridge_class()
+    if bridge is not None and isinstance(model, bridge):
+        return "bridge"
+    hooked = tl.hooked_transformer_classes()
+    if hooked is not None and isinstance(model, hooked[0]):
+        return "hooked"
+    if isinstance(model, torch.nn.Module) and hasattr(model, "hook_dict") and hasattr(model, "hooks"):
+        return "hooked-root"
+    raise TypeError(
+        f"lens_bias needs a TransformerLens model (TransformerBridge on TL 4.x, HookedTransformer on TL 3.x, or a "
+        f"HookedRootModule with the standard hook names); got {type(model).__module__}.{type(model).__name__}. "
+        "Build one with lens_bias.models.random_init(...), or wrap a Hugging Face model with "
+        "TransformerBridge.boot_transformers(name) / build_bridge_from_module(hf_model, architecture)."
+    )
+
+
+def _architecture(model: Any, cfg: Any) -> str | None:
+    spec = getattr(model, "lens_bias_spec", None)
+    if spec is not None:
+        return spec.arch
+    return getattr(cfg, "original_architecture", None) or getattr(cfg, "architecture", None)
+
+
+def _positional(model: Any, cfg: Any) -> str:
+    spec = getattr(model, "lens_bias_spec", None)
+    if spec is not None:  # lens_bias factories record "none", which TL configs cannot express
+        return spec.positional_embedding
+    kind = getattr(cfg, "positional_embedding_type", None) or "standard"
+    return "learned" if kind == "standard" else kind
+
+
+class ModelAdapter:
+    """Reads a TransformerLens model's configuration and runs hooked, batched forward passes on it.
+
+    >>> import lens_bias
+    >>> m = lens_bias.models.random_init("gpt2", d_model=64, n_layers=2, n_heads=4, d_vocab=100, n_ctx=16)
+    >>> adapter = ModelAdapter(m)
+    >>> adapter.info.n_layers, adapter.info.positional_embedding
+    (2, 'learned')
+    >>> out = adapter.collect(lens_bias.random_tokens(3, 16, 100), [last_position("ln_final.hook_normalized")],
+    ...                       progress=False)
+    >>> out["ln_final.hook_normalized:last"].shape
+    torch.Size([3, 64])
+
+    Args:
+        model: the model; it is never modified (hooks are scoped, weights are not written).
+    """
+
+    def __init__(self, model: Any):
+        self.family = _family(model)
+        self.model = model
+        cfg = getattr(model, "cfg", None)
+        if cfg is None:
+            raise TypeError(f"{type(model).__name__} has no .cfg; lens_bias reads the architecture from a TL config")
+        param = next(model.parameters(), None)
+        if param is None:
+            raise TypeError(f"{type(model).__name__} has no parameters")
+        if param.is_meta:
+            raise LensBiasError(f"{type(model).__name__}'s weights are on the meta device (shapes, no data); load real weights first, e.g. model.to_empty(device='cpu') and a state dict")
+        n_heads = int(cfg.n_heads)
+        d_model = int(cfg.d_model)
+        self.info = ModelInfo(
+            family=self.family,
+            architecture=_architecture(model, cfg),
+            n_layers=int(cfg.n_layers),
+            d_model=d_model,
+            n_heads=n_heads,
+            d_head=int(getattr(cfg, "d_head", 0) or d_model // n_heads),
+            d_mlp=None if getattr(cfg, "attn_only", False) else getattr(cfg, "d_mlp", None),
+            d_vocab=int(cfg.d_vocab),
+            n_ctx=int(cfg.n_ctx),
+            act_fn=getattr(cfg, "act_fn", None),
+            gated_mlp=bool(getattr(cfg, "gated_mlp", False)),
+            normalization=getattr(cfg, "normalization_type", None),
+            positional_embedding=_positional(model, cfg),
+            attn_only=bool(getattr(cfg, "attn_only", False)),
+            device=str(param.device),
+            dtype=str(param.dtype).removeprefix("torch."),
+            tl_version=tl.tl_version(),
+            regime=getattr(model, REGIME_ATTRIBUTE, None) or "trained",
+        )
+
+    # ---- hook names ---------------------------------------------------------------------------------------
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    def has_hook(self, name: str) -> bool:
+        return name in self.model.hook_dict
+
+    def require(self, names: Iterable[str], purpose: str) -> None:
+        """Raise a clear error if any hook in ``names`` is missing from the model."""
+        missing = [n for n in names if not self.has_hook(n)]
+        if missing:
+            raise LensBiasError(
+                f"{purpose} needs hook point(s) {missing} that this {type(self.model).__name__} does not have. "
+                "lens_bias works with TransformerLens models that use the standard hook names "
+                "(see model.hook_dict for what yours has)."
+            )
+
+    def default_batch_size(self, seq_len: int, n: int | None = None, *, logits: bool = False) -> int:
+        """Sequences per forward pass: the most whose estimated peak fits the device's free memory
+        (:func:`lens_bias.core.memory.plan_batch`); a :class:`LensBiasError` when not even one sequence fits."""
+        return memory.plan_batch(
+            self.info, n=n or memory.MAX_TOKENS_PER_BATCH, seq_len=seq_len, dtype=self.dtype, device=self.device, logits=logits
+        )
+
+    # ---- running ------------------------------------------------------------------------------------------
+
+    def check_inputs(self, inputs: Inputs) -> None:
+        """Raise a clear error for inputs this model cannot take."""
+        seq_len = inputs.shape[1]
+        if seq_len > self.info.n_ctx:
+            raise LensBiasError(
+                f"seq_len {seq_len} exceeds the model's context n_ctx={self.info.n_ctx}; pass seq_len <= {self.info.n_ctx}"
+            )
+        if isinstance(inputs, RandomEmbeddings) or (isinstance(inputs, Tensor) and inputs.ndim == 3):
+            self.require(["hook_embed"], "embedding inputs")
+            if inputs.shape[2] != self.info.d_model:
+                raise LensBiasError(f"embedding inputs have width {inputs.shape[2]}, the model's d_model is {self.info.d_model}")
+        if isinstance(inputs, Tensor) and inputs.is_floating_point():
+            bad = ~torch.isfinite(inputs)
+            if bad.any():
+                first = tuple(int(i) for i in bad.nonzero()[0])
+                raise LensBiasError(
+                    f"the input embeddings hold {int(bad.sum())} NaN/inf value(s), the first at index {first}; "
+                    "pass finite values (check how they were computed)"
+                )
+
+    def collect(
+        self,
+        inputs: Inputs,
+        probes: Sequence[Probe],
+        *,
+        batch_size: int | None = None,
+        hooks: Sequence[FwdHook] = (),
+        progress: bool = True,
+        desc: str = "lens_bias",
+    ) -> dict[str, Float[Tensor, "n ..."]]:
+        """Run ``inputs`` through the model in batches and return each probe's kept values, by probe key.
+
+        Results are float32 CPU tensors concatenated over batches in input order. Hooks are attached with the
+        model's scoped ``model.hooks(...)`` context, so they are gone afterwards even on an exception or
+        KeyboardInterrupt; the model's train/eval mode is restored.
+
+        Args:
+            inputs: token IDs ``[n, seq]``, embeddings ``[n, seq, d_model]`` or :class:`RandomEmbeddings`.
+            probes: what to read; probes sharing a key are computed once (one key, one reduction).
+            batch_size: sequences per forward pass (default: :meth:`default_batch_size`).
+            hooks: edits of the pass as ``(hook_name, fn)`` forward hooks, attached in order before the probes
+                (interventions give theirs through :func:`lens_bias.hooks.base.edit_hooks`).
+            progress: show a tqdm bar over batches.
+            desc: label of the progress bar.
+
+        Returns:
+            ``{probe.key: tensor[n, ...]}``.
+        """
+        unique = _unique_probes(probes)
+        self.check_inputs(inputs)
+        edits = _check_hooks(hooks)
+        self.require({p.hook for p in unique.values()} | {name for name, _ in edits}, "this analysis")
+        n, seq_len = inputs.shape[0], inputs.shape[1]
+        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
+            raise LensBiasError(f"batch_size must be a positive int or None, got {batch_size!r}")
+        is_embedding = not (isinstance(inputs, Tensor) and inputs.ndim == 2)
+
+        by_hook: dict[str, list[Probe]] = defaultdict(list)
+        for probe in unique.values():
+            by_hook[probe.hook].append(probe)
+        probe_hooks = set(by_hook)
+        # The pass runs through the unembedding only when no probe stops it earlier.
+        logits = not probe_hooks or any(h.startswith("unembed") for h in probe_hooks)
+        batch_size = memory.plan_batch(
+            self.info, n=n, seq_len=seq_len, dtype=self.dtype, device=self.device, logits=logits, batch_size=batch_size, what=desc
+        )
+        kept: dict[str, list[Tensor]] = {key: [] for key in unique}
+        fired_this_batch: set[str] = set()
+        fired_ever: set[str] = set()
+        current: dict[str, Tensor] = {}
+        # (hook, "has a NaN/inf" flag) per probed activation of the batch, in firing order: read once per batch.
+        finite_flags: list[tuple[str, Tensor]] = []
+
+        def make_probe_hook(hook_name: str, group: list[Probe]) -> HookFn:
+            def hook_fn(activation: Tensor, hook: Any) -> None:
+                finite_flags.append((hook_name, _nonfinite(activation, hook_name)))
+                for probe in group:
+                    kept[probe.key].append(probe.fn(activation).detach().float().cpu())
+                fired_this_batch.add(hook_name)
+                if fired_this_batch >= probe_hooks:
+                    raise _StopForward
+
+            return hook_fn
+
+        def replace_embedding(activation: Tensor, hook: Any) -> Tensor:
+            emb = current["embeddings"]
+            if emb.shape != activation.shape:
+                raise LensBiasError(f"embedding batch {tuple(emb.shape)} does not match hook_embed {tuple(activation.shape)}")
+            return emb.to(device=activation.device, dtype=activation.dtype)
+
+        # Order: the embedding replacement first, interventions next, probes last, so a probe on the same hook
+        # point as an intervention reads the edited activation.
+        fwd_hooks: list[FwdHook] = []
+        if is_embedding:
+            fwd_hooks.append(("hook_embed", counting("hook_embed", replace_embedding, fired_ever)))
+        fwd_hooks += [(name, counting(name, fn, fired_ever)) for name, fn in edits]
+        fwd_hooks += [(name, make_probe_hook(name, group)) for name, group in by_hook.items()]
+
+        was_training = self.model.training
+        if was_training:  # train()/eval() walk every submodule of a bridge: only switch when needed
+            self.model.eval()
+        try:
+            with torch.inference_mode(), self.model.hooks(fwd_hooks=fwd_hooks):
+                starts = range(0, n, batch_size)
+                for start in tqdm(starts, desc=desc, disable=not progress, unit="batch"):
+                    stop = min(start + batch_size, n)
+                    if is_embedding:
+                        current["embeddings"] = inputs[start:stop]
+                        tokens = torch.zeros(stop - start, seq_len, dtype=torch.long, device=self.device)
+                    else:
+                        tokens = inputs[start:stop].to(self.device)
+                    fired_this_batch.clear()
+                    finite_flags.clear()
+                    try:
+                        self.model(tokens)
+                    except _StopForward:
+                        pass
+                    if fired_this_batch != probe_hooks:
+                        raise LensBiasError(
+                            f"hook point(s) {sorted(probe_hooks - fired_this_batch)} never fired during the forward "
+                            f"pass of this {type(self.model).__name__}: they exist but are not on its computation path"
+                        )
+                    _raise_on_nonfinite(finite_flags, start, stop, self.info.dtype)
+                    if start == 0:
+                        _check_kept(kept, stop - start, n)
+        finally:
+            if was_training:
+                self.model.train()
+        edited = ({"hook_embed"} if is_embedding else set()) | {name for name, _ in edits}
+        silent = self._never_firing(edited - fired_ever, seq_len)
+        if silent:
+            raise LensBiasError(
+                f"intervention hook(s) {silent} never fired on this {type(self.model).__name__}: the edit had no "
+                "effect, so the results would be those of the unedited model"
+            )
+        return {key: torch.cat(values) for key, values in kept.items()}
+
+    def _never_firing(self, names: set[str], seq_len: int) -> list[str]:
+        """Of ``names``, those that do not fire in a full forward pass of one sequence.
+
+        A hook that did not fire during ``collect`` may just lie after the point where the pass stopped early;
+        one complete pass tells that apart from a hook that is not on the model's computation path.
+        """
+        if not names:
+            return []
+        fired: set[str] = set()
+        hooks = [(name, lambda x, hook, name=name: fired.add(name)) for name in sorted(names)]
+        with torch.inference_mode(), self.model.hooks(fwd_hooks=hooks):
+            self.model(torch.zeros(1, seq_len, dtype=torch.long, device=self.device))
+        return sorted(names - fired)
+
+    def unembed(self, resid: Float[Tensor, "batch d_model"]) -> Float[Tensor, "batch d_vocab"]:
+        """Logits from final normalized states (the :data:`~lens_bias.core.adapter.READOUT` hook), as float32.
+
+        Lets analyses compute logits at the readout position only, never ``[n, seq, d_vocab]``.
+        """
+        x = resid.to(device=self.device, dtype=self.dtype)[:, None, :]
+        with torch.inference_mode():
+            logits = self.model.unembed(x)[:, 0].float()
+        cap = float(getattr(self.model.cfg, "output_logits_soft_cap", -1.0) or -1.0)
+        return cap * torch.tanh(logits / cap) if cap > 0 else logits

@@ -1,0 +1,37 @@
+"""matplotlib figures without pyplot: what every result's ``plot()`` draws on.
+
+Figures need matplotlib (``pip install "lens-bias[plot]"``); every figure is a ``matplotlib.figure.Figure`` made
+without pyplot, so no display backend is touched.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from typing import Any
+
+from lens_bias.core.errors import LensBiasError
+
+__all__ = ["new_figure", "figure_png", "integer_ticks"]
+
+
+def new_figure(width: float = 6.0, height: float = 4.0) -> Any:
+    """An empty ``matplotlib.figure.Figure`` with a constrained layout; a :class:`LensBiasError` without matplotlib."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as err:
+        raise LensBiasError('plots need matplotlib: pip install "lens-bias[plot]"') from err
+    return Figure(figsize=(width, height), layout="constrained")
+
+
+def figure_png(fig: Any) -> str:
+    """A figure as a base64 PNG ``<img>`` tag, for HTML pages."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
+    return f'<img alt="figure" src="data:image/png;base64,{base64.b64encode(buffer.getvalue()).decode()}">'
+
+
+def integer_ticks(ax: Any, n_rows: int, n_cols: int, most: int = 16) -> None:
+    """Integer ticks on a heatmap's cells (every k-th where there are many), not matplotlib's fractional ones."""
+    ax.set_xticks(range(0, n_cols, -(-n_cols // most)))
+    ax.set_yticks(range(0, n_rows, -(-n_rows // most)))

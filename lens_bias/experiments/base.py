@@ -1,0 +1,65 @@
+"""The experiment object: a config, named presets and a run, registered by subclassing (``EXPERIMENTS``).
+
+An experiment drives several passes, training runs or fingerprints over one or more models and returns its
+tables. A new one is one module in ``lens_bias/experiments/``: its config (a :class:`~lens_bias.core.serialise.
+Serialisable` dataclass, so ``to_dict`` / ``from_dict`` come with it), its presets, its Python entry point, and an
+:class:`Experiment` subclass with a ``name``. Defining the subclass registers it, and ``lens-bias NAME`` becomes
+its subcommand: ``--preset`` (the presets' names), ``--set FIELD=VALUE`` (any config field), ``--out DIR`` and
+``--no-progress`` come for every experiment; :meth:`Experiment.add_arguments` adds its own flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar, Mapping, Sequence
+
+from lens_bias.core.errors import LensBiasError
+from lens_bias.core.registry import Registry
+from lens_bias.core.serialise import Serialisable, parse_assignments
+
+__all__ = ["Experiment", "Outcome", "EXPERIMENTS"]
+
+# Experiment name (its CLI subcommand) -> the Experiment object.
+EXPERIMENTS: Registry["Experiment"] = Registry("experiment")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a run tells the command line: the text it prints, and whether every check held (exit 0, else 1)."""
+
+    text: str
+    ok: bool = True
+
+
+class Experiment:
+    """Base class: subclasses set ``name``, ``help``, ``config_type`` and ``presets`` and implement :meth:`run`."""
+
+    name: ClassVar[str]
+    help: ClassVar[str]  # one line, the subcommand's entry in ``lens-bias --help``
+    description: ClassVar[str] = ""  # the subcommand's own --help text
+    config_type: ClassVar[type[Serialisable]]
+    presets: ClassVar[Mapping[str, Any]]  # name -> config
+    default_preset: ClassVar[str] = "default"
+    preset_help: ClassVar[str] = "sizes"  # what the presets are, for --preset's help
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "name" in cls.__dict__:
+            EXPERIMENTS.add(cls.name, cls())
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        """Flags of this experiment beyond the shared ones (none by default)."""
+
+    def config(self, preset: str | None = None, overrides: Sequence[str] = ()) -> Any:
+        """The preset's config (the default preset when None) with ``FIELD=VALUE`` overrides applied."""
+        name = self.default_preset if preset is None else preset
+        if name not in self.presets:
+            raise LensBiasError(f"unknown preset {name!r} of {self.name}; choose from {list(self.presets)}")
+        return dataclasses.replace(self.presets[name], **parse_assignments(self.config_type, overrides, "--set"))
+
+    def run(self, config: Any, args: argparse.Namespace) -> Outcome:
+        """Run with ``config`` and the parsed command line (``args.out``, ``args.no_progress`` and this
+        experiment's own flags); write files under ``args.out`` when it is set."""
+        raise NotImplementedError

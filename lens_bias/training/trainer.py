@@ -1,0 +1,247 @@
+"""A small, deterministic language-model trainer for TransformerLens models built by lens_bias.
+
+AdamW with warmup and a cosine (or constant) schedule, gradient clipping, and a data order that depends only
+on ``data_seed`` — models with different init seeds see identical batches, as in the SeedPrints experiments.
+Interventions from ``lens_bias.hooks`` can stay attached during training. Unlike the analyses, training changes
+the model you pass: that is its purpose.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence, Union
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from lens_bias.core import memory
+from lens_bias.core.adapter import ModelAdapter
+from lens_bias.core.corpora import code
+from lens_bias.core.errors import LensBiasError
+from lens_bias.core.inputs import with_bos
+from lens_bias.hooks import Intervention, intervene
+from lens_bias.models.checkpoints import save_checkpoint
+from lens_bias.models.init import REGIME
+from lens_bias.models.transforms import copy_model
+from lens_bias.training.data import TokenData
+
+__all__ = ["train", "fine_tune", "TrainingRun", "batch_order", "evaluate"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainingRun:
+    """What a training run did: the loss curve, the held-out loss, and where checkpoints went."""
+
+    losses: pd.DataFrame  # step, loss, lr
+    evals: pd.DataFrame  # step, eval_loss
+    checkpoints: list[Path] = field(default_factory=list)
+    config: dict[str, Any] = field(default_factory=dict)
+
+    def to_pandas(self) -> pd.DataFrame:
+        return self.losses.merge(self.evals, on="step", how="left")
+
+    @property
+    def final_eval_loss(self) -> float:
+        return float(self.evals.eval_loss.iloc[-1])
+
+
+def batch_order(n_blocks: int, steps: int, batch_size: int, data_seed: int) -> torch.Tensor:
+    """Block indices of every batch ``[steps, batch_size]``: epochs of permutations from ``data_seed`` alone."""
+    generator = torch.Generator().manual_seed(data_seed)
+    needed = steps * batch_size
+    perms = [torch.randperm(n_blocks, generator=generator) for _ in range(math.ceil(needed / n_blocks))]
+    return torch.cat(perms)[:needed].view(steps, batch_size)
+
+
+def _lr(step: int, steps: int, lr: float, warmup: int, schedule: str) -> float:
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    if schedule == "constant":
+        return lr
+    progress = (step - warmup) / max(1, steps - warmup)
+    return lr * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def _loss(model: Any, blocks: torch.Tensor) -> torch.Tensor:
+    logits = model(blocks[:, :-1])
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), blocks[:, 1:].reshape(-1))
+
+
+@torch.no_grad()
+def evaluate(model: Any, blocks: torch.Tensor, batch_size: int = 32, device: Any = None, bos: int | None = None) -> float:
+    """Mean next-token cross-entropy (nats) over ``blocks`` (first tokens replaced by ``bos`` when given)."""
+    total, count = 0.0, 0
+    for start in range(0, len(blocks), batch_size):
+        batch = with_bos(blocks[start : start + batch_size], bos).to(device)
+        total += _loss(model, batch).item() * len(batch)
+        count += len(batch)
+    return total / count
+
+
+def train(
+    model: Any,
+    data: TokenData,
+    *,
+    steps: int,
+    batch_size: int = 32,
+    lr: float = 3e-4,
+    weight_decay: float = 0.1,
+    warmup: int | None = None,
+    schedule: str = "cosine",
+    grad_clip: float = 1.0,
+    data_seed: int = 42,
+    eval_every: int | None = None,
+    eval_blocks: int = 128,
+    checkpoint_every: int | None = None,
+    checkpoint_dir: Union[str, Path, None] = None,
+    interventions: Sequence[Intervention] = (),
+    bos: int | None = None,
+    dtype: torch.dtype | None = None,
+    progress: bool = True,
+) -> TrainingRun:
+    """Train ``model`` in place on ``data`` (next-token prediction) and return the run's record.
+
+    Args:
+        model: a TransformerLens model whose vocabulary covers ``data``'s tokenizer.
+        data: packed token blocks (``TokenData.build``); sequences are ``data.seq_len`` tokens.
+        steps: optimizer steps.
+        batch_size: sequences per step.
+        lr: peak learning rate (AdamW).
+        weight_decay: AdamW weight decay on matrices (not on norms and biases).
+        warmup: linear warmup steps (default: 10% of steps, at most 200).
+        schedule: "cosine" (to zero) or "constant" after warmup.
+        grad_clip: max global gradient norm.
+        data_seed: the only source of the data order.
+        eval_every: steps between held-out evaluations (default: 4 per run); always evaluated at the end.
+        eval_blocks: held-out blocks per evaluation.
+        checkpoint_every: save a checkpoint every this many steps (and at step 0) into ``checkpoint_dir``.
+        checkpoint_dir: folder for checkpoints.
+        interventions: lens_bias.hooks interventions attached for the whole run; parameters they own (e.g.
+            ``HeadwiseRMSNorm``'s gains) are trained with the model's.
+        bos: a token ID that replaces the first token of every block, so every sequence starts with the same
+            token (GPT-2's <|endoftext|> role); attention sinks form on such a token.
+        dtype: autocast dtype on CUDA (e.g. ``torch.bfloat16``); ignored on CPU.
+        progress: a progress bar over steps.
+
+    Returns:
+        A :class:`TrainingRun`.
+    """
+    adapter = ModelAdapter(model)
+    if data.vocab_size > adapter.info.d_vocab:
+        raise LensBiasError(f"the tokenizer has {data.vocab_size} tokens but the model's d_vocab is {adapter.info.d_vocab}")
+    if data.seq_len > adapter.info.n_ctx:
+        raise LensBiasError(f"blocks of {data.seq_len} tokens exceed the model's n_ctx={adapter.info.n_ctx}")
+    if schedule not in ("cosine", "constant"):
+        raise LensBiasError(f"schedule must be 'cosine' or 'constant', got {schedule!r}")
+    if checkpoint_every and checkpoint_dir is None:
+        raise LensBiasError("checkpoint_every needs checkpoint_dir")
+    act_dtype = dtype if dtype is not None and adapter.device.type == "cuda" else adapter.dtype
+    n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    memory.check_train(adapter.info, batch_size=batch_size, seq_len=data.seq_len, n_params=n_params, device=adapter.device, act_dtype=act_dtype)
+    warmup = min(200, steps // 10) if warmup is None else warmup
+    eval_every = eval_every or max(1, steps // 4)
+    device = adapter.device
+    params = [p for p in model.parameters() if p.requires_grad]
+    params += [p for iv in interventions for p in iv.parameters(model)]
+    groups = [
+        {"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+    ]
+    optimizer = torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95))
+    order = batch_order(len(data.train), steps, batch_size, data_seed)
+    held_out = data.eval[:eval_blocks]
+    autocast = torch.autocast("cuda", dtype=dtype) if dtype is not None and device.type == "cuda" else nullcontext()
+    losses, evals, checkpoints = [], [], []
+    folder = Path(checkpoint_dir) if checkpoint_dir is not None else None
+
+    def checkpoint(step: int) -> None:
+        folder.mkdir(parents=True, exist_ok=True)  # type: ignore[union-attr]
+        path = folder / f"step{step:06d}.pt"  # type: ignore[operator]
+        save_checkpoint(model, path, step=step)
+        checkpoints.append(path)
+
+    model.train()
+    try:
+        with intervene(model, *interventions):
+            if checkpoint_every:
+                checkpoint(0)
+            for step in tqdm(range(steps), desc="train", disable=not progress):
+                rate = _lr(step, steps, lr, warmup, schedule)
+                for group in optimizer.param_groups:
+                    group["lr"] = rate
+                with autocast:
+                    loss = _loss(model, with_bos(data.train[order[step]], bos).to(device))
+                value = loss.item()
+                if not math.isfinite(value):  # before the update, so the weights stay those of the last finite step
+                    raise LensBiasError(
+                        f"the training loss is {value} at step {step + 1}: the weights or activations overflowed; lower lr "
+                        f"(now {lr}), keep grad_clip, or train in float32 / bfloat16 rather than float16"
+                    )
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(params, grad_clip)
+                optimizer.step()
+                setattr(model, REGIME, "trained")  # what analyze reports it as, and checkpoints record
+                losses.append({"step": step + 1, "loss": value, "lr": rate})
+                if (step + 1) % eval_every == 0 or step + 1 == steps:
+                    model.eval()
+                    with autocast:
+                        evals.append({"step": step + 1, "eval_loss": evaluate(model, held_out, device=device, bos=bos)})
+                    model.train()
+                if checkpoint_every and (step + 1) % checkpoint_every == 0:
+                    checkpoint(step + 1)
+    finally:  # after an error or a KeyboardInterrupt too: eval mode is back, and intervene's scope removed the hooks
+        model.eval()
+    config = dict(steps=steps, batch_size=batch_size, lr=lr, weight_decay=weight_decay, warmup=warmup, schedule=schedule, grad_clip=grad_clip, data_seed=data_seed, corpus=data.corpus_name, seq_len=data.seq_len, bos=bos, interventions=[iv.to_dict() for iv in interventions])
+    return TrainingRun(pd.DataFrame(losses), pd.DataFrame(evals), checkpoints, config)
+
+
+def fine_tune(
+    model: Any,
+    steps: int = 40,
+    *,
+    data: TokenData | None = None,
+    lr: float = 1e-4,
+    batch_size: int = 4,
+    seq_len: int = 64,
+    weight_decay: float = 0.0,
+    data_seed: int = 42,
+    eval_blocks: int = 16,
+    progress: bool = True,
+) -> tuple[Any, TrainingRun]:
+    """A short full fine-tune of a copy of ``model`` on the standard library's code (:func:`lens_bias.core.corpora.code`).
+
+    Args:
+        model: a TransformerLens model with ``model.tokenizer`` (e.g. from ``lens_bias.models.pretrained``); not
+            modified.
+        steps: optimizer steps (AdamW, 10% warmup, cosine).
+        data: packed blocks to train on instead (default: the code corpus packed with ``model.tokenizer``,
+            ``seq_len`` tokens per block; the held-out split is never trained on).
+        lr: peak learning rate; a fine-tune's, well below pretraining's.
+        batch_size: sequences per step.
+        seq_len: tokens per training sequence when ``data`` is built here.
+        weight_decay: AdamW weight decay on matrices.
+        data_seed: the data order.
+        eval_blocks: held-out blocks of the one evaluation at the end.
+        progress: a progress bar over steps.
+
+    Returns:
+        ``(fine-tuned copy, its TrainingRun)``. On a TL 3 HookedTransformer a tied ``W_U`` trains as its own
+        parameter, so the copy's embedding and unembedding drift apart by the fine-tune's updates.
+    """
+    if data is None:
+        tokenizer = getattr(model, "tokenizer", None)
+        if tokenizer is None:
+            raise LensBiasError("fine_tune packs the code corpus with model.tokenizer, and this model has none: set model.tokenizer, or pass data=TokenData.build(...)")
+        data = TokenData.build(code(), seq_len=seq_len, tokenizer_from=tokenizer)
+    tuned = copy_model(model)
+    run = train(tuned, data, steps=steps, batch_size=batch_size, lr=lr, weight_decay=weight_decay, data_seed=data_seed, eval_every=steps, eval_blocks=eval_blocks, progress=progress)
+    return tuned, run

