@@ -14,9 +14,14 @@ from dataclasses import dataclass
 from typing import Any, Sequence, Union
 
 import pandas as pd
+from tqdm.auto import tqdm
+
 from lens_bias.analyses.base import Result, run_analyses
 from lens_bias.analyses.contraction import Contraction, plot_contraction
 from lens_bias.analyses.token_preference import TokenPreference
+from lens_bias.core.adapter import ModelAdapter
+from lens_bias.core.errors import LensBiasError
+from lens_bias.core.inputs import Inputs, resolve_inputs
 from lens_bias.hooks import (
     Intervention,
     OddActivation,
@@ -25,11 +30,6 @@ from lens_bias.hooks import (
     UniformAttention,
 )
 from lens_bias.hooks.base import edit_records
-from tqdm.auto import tqdm
-
-from lens_bias.core.adapter import ModelAdapter
-from lens_bias.core.errors import LensBiasError
-from lens_bias.core.inputs import Inputs, resolve_inputs
 
 __all__ = ["ablate", "AblationResult", "CONDITIONS", "MLP_CONDITIONS"]
 

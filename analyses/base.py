@@ -16,7 +16,6 @@ from typing import Any, ClassVar, Hashable, Mapping, Sequence
 
 import pandas as pd
 from jaxtyping import Int
-from lens_bias.hooks.base import edit_hooks
 from torch import Tensor
 
 from lens_bias.core.adapter import ModelAdapter, ModelInfo, Probe
@@ -24,6 +23,7 @@ from lens_bias.core.errors import LensBiasError
 from lens_bias.core.inputs import Inputs, InputSpec
 from lens_bias.core.registry import Registry
 from lens_bias.core.serialise import Serialisable
+from lens_bias.hooks.base import edit_hooks
 
 __all__ = ["Analysis", "Result", "SECTIONS", "run_analyses", "measure"]
 
@@ -89,7 +89,10 @@ class Analysis:
 
     name: ClassVar[str]
     result_type: ClassVar[type[Result]] = Result
+    # Place in the report of a random init; ``trained_order`` (when set) of a trained model, whose page opens with
+    # the anatomy of its sink rather than with what it was born with.
     order: ClassVar[float] = 100.0
+    trained_order: ClassVar[float | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -99,6 +102,11 @@ class Analysis:
         if cls.result_type is Result:  # BiasReport.from_dict rebuilds the section through it
             raise LensBiasError(f"{cls.__qualname__} sets no result_type; set it to the Result dataclass its finalize returns")
         SECTIONS.add(cls.name, cls)
+
+    @classmethod
+    def place(cls, regime: str) -> float:
+        """Where the section goes in the report of a model in this regime ("init" or "trained")."""
+        return cls.trained_order if regime == "trained" and cls.trained_order is not None else cls.order
 
     def applies_to(self, info: ModelInfo) -> bool:
         """Whether this model has what the analysis reads (``analyze`` leaves the others out by default)."""

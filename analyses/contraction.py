@@ -17,9 +17,9 @@ from typing import Any, ClassVar, Hashable, Mapping
 import pandas as pd
 import torch
 from jaxtyping import Float
-from lens_bias.analyses.base import Analysis, Result
 from torch import Tensor
 
+from lens_bias.analyses.base import Analysis, Result
 from lens_bias.core.adapter import READOUT, ModelAdapter, Probe, last_position
 from lens_bias.core.figures import new_figure
 from lens_bias.core.inputs import InputSpec
@@ -72,12 +72,18 @@ class ContractionResult(Result):
     seed_direction: Float[Tensor, "d_model"]  # unit vector: mean of the unit-normalised final states
     n: int
 
-    def summary(self) -> str:
+    def summary(self, most: int = 10) -> str:
+        """One line per layer, at most ``most`` (a deep model's: the embedding, every k-th layer and the final norm;
+        every row is in :meth:`to_pandas`)."""
         d = self.seed_direction.numel()
-        rows = "\n".join(
-            f"  {layer:>6}  inter {i:+.3f}  intra {a:+.3f}  energy along seed {e:.3f}"
-            for layer, i, a, e in zip(self.layers, self.inter.tolist(), self.intra.tolist(), self.energy_share.tolist())
-        )
+        columns = list(zip(self.layers, self.inter.tolist(), self.intra.tolist(), self.energy_share.tolist()))
+        shown = list(range(len(columns)))
+        if len(columns) > most:
+            step = -(-(len(columns) - 1) // (most - 1))
+            shown = sorted({*range(0, len(columns) - 1, step), len(columns) - 1})
+        rows = "\n".join(f"  {layer:>6}  inter {i:+.3f}  intra {a:+.3f}  energy along seed {e:.3f}" for layer, i, a, e in (columns[k] for k in shown))
+        if len(shown) < len(columns):
+            rows += f"\n  … every row of the {len(columns)} in to_pandas()"
         return (
             f"contraction (last position across {self.n} sequences = inter; positions within a sequence = intra;\n"
             f"  energy along the final seed direction, chance level 1/d = {1 / d:.4f}):\n{rows}"
@@ -116,6 +122,7 @@ class Contraction(Analysis):
     name: ClassVar[str] = "contraction"
     result_type = ContractionResult
     order = 20
+    trained_order = 70
 
     def _hooks(self, adapter: ModelAdapter) -> tuple[list[str], list[str]]:
         n_layers = adapter.info.n_layers

@@ -23,9 +23,9 @@ from typing import Any, ClassVar, Hashable, Mapping
 import pandas as pd
 import torch
 from jaxtyping import Float
-from lens_bias.analyses.base import Analysis, Result
 from torch import Tensor
 
+from lens_bias.analyses.base import Analysis, Result
 from lens_bias.core.adapter import READOUT, ModelAdapter, Probe, last_position
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.inputs import InputSpec
@@ -73,18 +73,21 @@ class DecompositionResult(Result):
     def shared_fraction(self) -> Tensor:
         return self.shared_energy / (self.shared_energy + self.fluctuating_energy).clamp_min(1e-30)
 
-    def summary(self) -> str:
+    def summary(self, most: int = 12) -> str:
+        """One line per component, at most ``most`` of them (the first, the last, and those with the most shared
+        energy); a deep model's other rows are in :meth:`to_pandas`."""
+        columns = list(zip(self.components, self.shared_energy.tolist(), self.shared_fraction.tolist(), self.cos_to_seed.tolist(),
+                           self.seed_projection.tolist(), self.cumulative_cos_to_seed.tolist()))
+        shown = range(len(columns))
+        if len(columns) > most:
+            largest = self.shared_energy.topk(most - 2).indices.tolist()
+            shown = sorted({0, len(columns) - 1, *largest})
         rows = "\n".join(
             f"  {c:>9}  shared {s:.3g} ({f:.1%} of its energy)  cos to seed {cs:+.3f}  along seed {p:+.3g}  cumulative cos {cc:+.3f}"
-            for c, s, f, cs, p, cc in zip(
-                self.components,
-                self.shared_energy.tolist(),
-                self.shared_fraction.tolist(),
-                self.cos_to_seed.tolist(),
-                self.seed_projection.tolist(),
-                self.cumulative_cos_to_seed.tolist(),
-            )
+            for c, s, f, cs, p, cc in (columns[i] for i in shown)
         )
+        if len(shown) < len(columns):
+            rows += f"\n  … {len(columns) - len(shown)} more components (less shared energy) in to_pandas()"
         kinds = ", ".join(f"{k} {v:.3g}" for k, v in self.energy_by_kind().items())
         return (
             f"residual decomposition ({self.positions} position{'s' if self.positions == 'all' else ''}; shared = input mean):\n"
@@ -130,6 +133,7 @@ class Decomposition(Analysis):
     name: ClassVar[str] = "decomposition"
     result_type = DecompositionResult
     order = 30
+    trained_order = 80
     positions: str = "last"  # "last" (the readout position) or "all"
 
     def __post_init__(self) -> None:

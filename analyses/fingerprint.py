@@ -13,9 +13,9 @@ from typing import Any, ClassVar, Hashable, Mapping
 import pandas as pd
 import torch
 from jaxtyping import Float, Int
-from lens_bias.analyses.base import Analysis, Result
 from torch import Tensor
 
+from lens_bias.analyses.base import Analysis, Result
 from lens_bias.core.adapter import READOUT, ModelAdapter, Probe, last_position
 from lens_bias.core.inputs import InputSpec
 from lens_bias.seedprint import identity_dims
@@ -62,6 +62,7 @@ class FingerprintSection(Analysis):
     name: ClassVar[str] = "fingerprint"
     result_type = FingerprintSummary
     order = 40
+    trained_order = 90
     ratio_k: float = 0.10  # m = ⌊ratio_k · d_model⌋, the SeedPrint default
     temperature: float = 10.0
 

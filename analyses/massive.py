@@ -1,7 +1,9 @@
 """Massive activations (Sun et al., "Massive Activations in Large Language Models", COLM 2024).
 
 A handful of residual-stream values, up to ~10⁴× the typical magnitude, in fixed dimensions and (mostly) at the
-first token. Per block output (``blocks.{l}.hook_resid_post``) :func:`massive_activations` keeps each sequence's
+first token. The report section ``massive_activations`` (:class:`MassiveActivations`, in the shared pass of
+``analyze``) and :func:`massive_activations` (one pass over your tokens) measure them alike: per block output
+(``blocks.{l}.hook_resid_post``) each sequence's
 top-k |h| with their position and dimension, and its median |h|, reduced inside the hook (nothing of size
 ``[n, seq, d_model]`` is kept). A layer's median is the mean over sequences of the per-sequence medians, as Sun
 et al. average per-sequence statistics. An activation is massive when |h| > ``massive_abs`` (100) and
@@ -23,20 +25,22 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, ClassVar, Hashable, Mapping, Sequence
 
 import pandas as pd
 import torch
 from jaxtyping import Bool, Float, Int
-from lens_bias.analyses.base import Result
-from lens_bias.analyses.perplexity import PerplexityTable, perplexity_table
-from lens_bias.hooks import Compose, SetActivations
 from torch import Tensor
 
+from lens_bias.analyses.base import Analysis, Result, measure
+from lens_bias.analyses.perplexity import PerplexityTable, perplexity_table
 from lens_bias.core.adapter import ModelAdapter, Probe
 from lens_bias.core.errors import LensBiasError
+from lens_bias.core.figures import new_figure
+from lens_bias.core.inputs import InputSpec
+from lens_bias.hooks import Compose, SetActivations
 
-__all__ = ["massive_activations", "MassiveActivationsResult", "massive_ablation"]
+__all__ = ["MassiveActivations", "massive_activations", "MassiveActivationsResult", "massive_ablation"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +67,10 @@ class MassiveActivationsResult(Result):
     input_max: float  # largest |h| entering block 0 (the embedding): the reference for a jump at layer 0
     massive_abs: float
     massive_ratio: float
+
+    heading = "Massive activations"
+    headline_labels = {"onset_layer": "onset layer", "onset_dims": "massive dims at onset", "max_top1": "largest |h|", "max_over_median": "largest |h| / median"}
+    plot_caption = "largest |h| and median |h| per block output"
 
     @property
     def n_layers(self) -> int:
@@ -127,6 +135,21 @@ class MassiveActivationsResult(Result):
             raise LensBiasError(f"layer {layer} does not exist; the result has layers 0..{self.n_layers - 1}")
         return layer
 
+    def plot(self) -> Any:
+        """Sun et al.'s picture: the largest |h| and the median |h| of every block's output, on a log axis."""
+        fig = new_figure()
+        ax = fig.subplots()
+        layers = range(self.n_layers)
+        ax.semilogy(layers, self.top1.clamp_min(1e-12).numpy(), marker="o", label="largest |h|")
+        ax.semilogy(layers, self.median.clamp_min(1e-12).numpy(), marker=".", label="median |h|")
+        onset = self.onset_layer()
+        if onset is not None:
+            ax.axvline(onset, color="k", linestyle="--", label=f"onset, layer {onset}")
+        ax.set_xlabel("layer")
+        ax.set_ylabel("|h| of the block output")
+        ax.legend(fontsize=8)
+        return fig
+
     def to_pandas(self) -> pd.DataFrame:
         """Per layer, the top-k |h| over all sequences with their (sequence, position, dim), and the median."""
         n_layers, n, top = self.top_values.shape
@@ -172,6 +195,52 @@ class MassiveActivationsResult(Result):
         return text
 
 
+def _input_max(x: Tensor) -> Tensor:  # [batch, pos, d] -> [batch]
+    return x.float().abs().flatten(1).max(dim=1).values
+
+
+@dataclass(frozen=True)
+class MassiveActivations(Analysis):
+    """Top-``top`` |h| with their position and dimension, and the median |h|, of every block's output (Sun et al.)."""
+
+    name: ClassVar[str] = "massive_activations"
+    result_type = MassiveActivationsResult
+    order = 75
+    trained_order = 20
+    # Entries kept per sequence and layer (Sun et al. plot the top 3).
+    top: int = 3
+    # Sun et al.'s rule for 7B models: |h| > massive_abs ...
+    massive_abs: float = 100.0
+    # ... and ≥ massive_ratio × the layer's median |h|.
+    massive_ratio: float = 1000.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.top, bool) or not isinstance(self.top, int) or self.top < 1:
+            raise LensBiasError(f"top must be a positive int, got {self.top!r}")
+        if not (self.massive_abs >= 0 and self.massive_ratio >= 0):
+            raise LensBiasError(f"massive_abs and massive_ratio must be >= 0, got {self.massive_abs!r}, {self.massive_ratio!r}")
+
+    def probes(self, adapter: ModelAdapter) -> dict[Hashable, Probe]:
+        probes: dict[Hashable, Probe] = {layer: _top_probe(f"blocks.{layer}.hook_resid_post", self.top) for layer in range(adapter.info.n_layers)}
+        probes["input"] = Probe("blocks.0.hook_resid_pre", "max_abs", _input_max)
+        return probes
+
+    def finalize(self, adapter: ModelAdapter, kept: Mapping[Hashable, Tensor], spec: InputSpec) -> MassiveActivationsResult:
+        top = self.top
+        packed = torch.stack([kept[layer] for layer in range(adapter.info.n_layers)])  # [layer, n, 3·top + 1]
+        result = MassiveActivationsResult(
+            top_values=packed[..., :top],
+            top_positions=packed[..., top : 2 * top].long(),
+            top_dims=packed[..., 2 * top : 3 * top].long(),
+            sequence_median=packed[..., -1],
+            input_max=kept["input"].max().item(),
+            massive_abs=float(self.massive_abs),
+            massive_ratio=float(self.massive_ratio),
+        )
+        logger.info("massive activations: layers %s, onset %s", result.massive_layers(), result.onset_layer())
+        return result
+
+
 def massive_activations(
     model: Any,
     tokens: Int[Tensor, "n seq"],
@@ -204,30 +273,11 @@ def massive_activations(
     Returns:
         A :class:`MassiveActivationsResult`.
     """
-    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
-        raise LensBiasError(f"top must be a positive int, got {top!r}")
-    if not (massive_abs >= 0 and massive_ratio >= 0):
-        raise LensBiasError(f"massive_abs and massive_ratio must be >= 0, got {massive_abs!r}, {massive_ratio!r}")
-    adapter = ModelAdapter(model)
-    width = tokens.shape[1] * adapter.info.d_model
+    analysis = MassiveActivations(top=top, massive_abs=massive_abs, massive_ratio=massive_ratio)
+    width = tokens.shape[1] * ModelAdapter(model).info.d_model
     if top > width:
         raise LensBiasError(f"top={top} exceeds the {width} values of one sequence's hidden state; pass top <= {width}")
-    layers = range(adapter.info.n_layers)
-    probes = [_top_probe(f"blocks.{layer}.hook_resid_post", top) for layer in layers]
-    probes.append(Probe("blocks.0.hook_resid_pre", "max_abs", lambda x: x.float().abs().flatten(1).max(dim=1).values))
-    kept = adapter.collect(tokens, probes, batch_size=batch_size, progress=progress, desc="massive activations")
-    packed = torch.stack([kept[p.key] for p in probes[:-1]])  # [layer, n, 3·top + 1]
-    result = MassiveActivationsResult(
-        top_values=packed[..., :top],
-        top_positions=packed[..., top : 2 * top].long(),
-        top_dims=packed[..., 2 * top : 3 * top].long(),
-        sequence_median=packed[..., -1],
-        input_max=kept[probes[-1].key].max().item(),
-        massive_abs=float(massive_abs),
-        massive_ratio=float(massive_ratio),
-    )
-    logger.info("massive activations: layers %s, onset %s", result.massive_layers(), result.onset_layer())
-    return result
+    return measure(model, tokens, [analysis], batch_size=batch_size, progress=progress)["massive_activations"]  # type: ignore[return-value]
 
 
 def massive_ablation(

@@ -18,14 +18,14 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 from jaxtyping import Int
-from lens_bias.analyses.base import Result
-from lens_bias.hooks import intervene
-from lens_bias.hooks.base import InterventionLike
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from lens_bias.analyses.base import Result
 from lens_bias.core.adapter import ModelAdapter
 from lens_bias.core.errors import LensBiasError
+from lens_bias.hooks import intervene
+from lens_bias.hooks.base import InterventionLike
 
 __all__ = ["perplexity", "PerplexityTable", "perplexity_table"]
 

@@ -19,12 +19,12 @@ from typing import Any, ClassVar, Hashable, Mapping, Sequence
 import pandas as pd
 import torch
 from jaxtyping import Float
-from lens_bias.analyses.base import Analysis, Result
 from torch import Tensor
 
+from lens_bias.analyses.base import Analysis, Result
 from lens_bias.core.adapter import ModelAdapter, Probe
 from lens_bias.core.errors import LensBiasError
-from lens_bias.core.figures import new_figure
+from lens_bias.core.figures import integer_ticks, new_figure
 from lens_bias.core.inputs import InputSpec
 
 __all__ = ["PositionalVariance", "PositionalVarianceResult", "fit_exponent", "profile_spread"]
@@ -81,13 +81,15 @@ class PositionalVarianceResult(Result):
     """Per-position std across sequences of each head's output (before W_O) and each layer's (after W_O)."""
 
     heading = "Positional variance"
-    headline_labels = {"alpha_out": "α of r_t, layer 0"}
+    headline_labels = {"alpha_out": "α of r_t, layer 0", "r_last_median": "median r_T−1 over layers"}
     plot_caption = "positional variance r_t"
-    view_caption = "r_t = std_t / std_0 by position, layer 0"
 
     std_z: Float[Tensor, "layer head pos"]  # before W_O, pooled over d_head
     std_out: Float[Tensor, "layer pos"]  # after W_O, pooled over d_model
     n: int
+    # "init": the summary compares r_t with causal averaging's (t+1)^-1/2 law, which holds only at initialisation;
+    # "trained": it reports the profile as measured.
+    regime: str = "init"
 
     @property
     def r_z(self) -> Float[Tensor, "layer head pos"]:
@@ -109,25 +111,29 @@ class PositionalVarianceResult(Result):
         return (r * torch.arange(1, r.shape[1] + 1).sqrt() - 1).abs().max(dim=1).values
 
     def plot(self, layers: Sequence[int] | None = None) -> Any:
-        """r_t against t + 1 on log–log axes, per layer, with the (t+1)^-1/2 reference line."""
+        """r_t against t + 1 on log–log axes, one line per layer with the (t+1)^-1/2 law of an init; for a deep or
+        trained model (more than 8 layers or regime "trained", unless ``layers`` picks a few) a layer × position
+        heatmap of log10 r_t instead."""
         fig = new_figure()
         ax = fig.subplots()
         r = self.r_out
+        if layers is None and (r.shape[0] > 8 or self.regime == "trained"):
+            image = ax.imshow(torch.log10(r).numpy(), aspect="auto", cmap="magma", interpolation="nearest")
+            integer_ticks(ax, *r.shape)
+            ax.set_xlabel("position t")
+            ax.set_ylabel("layer")
+            ax.set_title("log10 r_t = log10(std_t / std_0) after W_O")
+            fig.colorbar(image, ax=ax)
+            return fig
         t = torch.arange(1, r.shape[1] + 1).float()
         for layer in range(r.shape[0]) if layers is None else layers:
             ax.loglog(t, r[layer], marker=".", label=f"layer {layer}")
-        ax.loglog(t, t**-0.5, "k--", label="(t+1)^-1/2")
+        if self.regime == "init":
+            ax.loglog(t, t**-0.5, "k--", label="(t+1)^-1/2")
         ax.set_xlabel("position t + 1")
         ax.set_ylabel("std_t / std_0")
         ax.legend(fontsize=7)
         return fig
-
-    def show(self, layer: int = 0) -> Any:
-        """circuitsvis ``colored_tokens`` over positions, coloured by r_t = std_t / std_0 of one layer's attention output."""
-        from circuitsvis.tokens import colored_tokens
-
-        r = self.r_out[layer]
-        return colored_tokens(tokens=[f"t{t}" for t in range(len(r))], values=r.tolist(), min_value=0.0, max_value=1.0)
 
     def to_pandas(self) -> pd.DataFrame:
         """One row per (layer, position): r_t after W_O, r_t·√(t+1), and the heads' r_t before W_O."""
@@ -143,24 +149,43 @@ class PositionalVarianceResult(Result):
         return pd.DataFrame(rows)
 
     def headline(self) -> dict[str, Any]:
-        return {
+        out = {
             "alpha_out": self.alpha_out().tolist(),
             "alpha_z_mean": self.alpha_z().mean(dim=1).tolist(),
-            "law_deviation_layer0": self.law_deviation()[0].item(),
             "r_out_last": self.r_out[:, -1].tolist(),
+            "r_last_median": self.r_out[:, -1].nanmedian().item(),
         }
+        if self.regime == "init":  # the law holds at initialisation only
+            out["law_deviation_layer0"] = self.law_deviation()[0].item()
+        return out
+
+    def _shown_layers(self, most: int = 8) -> list[int]:
+        """Every layer of a shallow model; of a deep one the first two, the last two and those of extreme α."""
+        n_layers = self.std_out.shape[0]
+        if n_layers <= most:
+            return list(range(n_layers))
+        alpha = self.alpha_out()
+        extremes = {int(alpha.nan_to_num(-1e9).argmax()), int(alpha.nan_to_num(1e9).argmin())}
+        return sorted({0, 1, n_layers - 2, n_layers - 1} | extremes)
 
     def summary(self) -> str:
         t = self.std_out.shape[1]
-        rows = "\n".join(
-            f"  layer {layer}: α after W_O {a:.3f}, heads before W_O {z.min():.3f}…{z.max():.3f}; r_{t - 1} = {r:.3f} "
-            f"(t^-1/2 law: {t ** -0.5:.3f}), max |r_t·√(t+1) − 1| {d:.3f}"
-            for layer, (a, z, r, d) in enumerate(zip(self.alpha_out().tolist(), self.alpha_z(), self.r_out[:, -1].tolist(), self.law_deviation().tolist()))
-        )
-        return (
-            f"positional variance (std across {self.n} sequences at each position, r_t = std_t / std_0, fitted "
-            f"r_t ∝ (t+1)^-α; causal averaging at init gives α = 0.5):\n{rows}"
-        )
+        alpha, alpha_z, r_last = self.alpha_out().tolist(), self.alpha_z(), self.r_out[:, -1].tolist()
+        shown = self._shown_layers()
+        if self.regime == "init":
+            deviation = self.law_deviation().tolist()
+            rows = [f"  layer {layer}: α after W_O {alpha[layer]:.3f}, heads before W_O {alpha_z[layer].min():.3f}…{alpha_z[layer].max():.3f}; "
+                    f"r_{t - 1} = {r_last[layer]:.3f} (t^-1/2 law: {t ** -0.5:.3f}), max |r_t·√(t+1) − 1| {deviation[layer]:.3f}" for layer in shown]
+            head = (f"positional variance (std across {self.n} sequences at each position, r_t = std_t / std_0, fitted r_t ∝ (t+1)^-α; "
+                    "causal averaging at init gives α = 0.5):")
+        else:
+            rows = [f"  layer {layer}: α after W_O {alpha[layer]:.3f}, heads before W_O {alpha_z[layer].min():.3f}…{alpha_z[layer].max():.3f}; "
+                    f"r_{t - 1} = {r_last[layer]:.3f}" for layer in shown]
+            head = (f"positional variance of a trained model (std across {self.n} sequences at each position, r_t = std_t / std_0, "
+                    "fitted r_t ∝ (t+1)^-α; the init law does not apply):")
+        if len(shown) < len(alpha):
+            rows.append(f"  … {len(alpha) - len(shown)} more layers in to_pandas() and the figure")
+        return head + "\n" + "\n".join(rows)
 
 
 def profile_spread(*results: PositionalVarianceResult) -> float:
@@ -188,6 +213,7 @@ class PositionalVariance(Analysis):
     name: ClassVar[str] = "positional_variance"
     result_type = PositionalVarianceResult
     order = 50
+    trained_order = 40
 
     def probes(self, adapter: ModelAdapter) -> dict[Hashable, Probe]:
         probes: dict[Hashable, Probe] = {}
@@ -201,4 +227,4 @@ class PositionalVariance(Analysis):
         # hook_z moments are [batches, 3, pos, head, d_head]: pool over d_head, then put heads first.
         std_z = torch.stack([_std(kept["z", layer]).T for layer in layers])
         std_out = torch.stack([_std(kept["out", layer]) for layer in layers])
-        return PositionalVarianceResult(std_z=std_z, std_out=std_out, n=spec.n)
+        return PositionalVarianceResult(std_z=std_z, std_out=std_out, n=spec.n, regime=adapter.info.regime)

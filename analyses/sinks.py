@@ -19,9 +19,9 @@ from typing import Any, ClassVar, Hashable, Mapping
 import pandas as pd
 import torch
 from jaxtyping import Float
-from lens_bias.analyses.base import Analysis, Result
 from torch import Tensor
 
+from lens_bias.analyses.base import Analysis, Result
 from lens_bias.core.adapter import ModelAdapter, Probe
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.figures import integer_ticks, new_figure
@@ -175,6 +175,7 @@ class Sinks(Analysis):
     name: ClassVar[str] = "sinks"
     result_type = SinksResult
     order = 60
+    trained_order = 10
     eps: float = DEFAULT_EPS
 
     def __post_init__(self) -> None:

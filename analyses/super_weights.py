@@ -3,9 +3,12 @@
 One forward pass; at the first token, the largest |value| entering every MLP's down-projection
 (``blocks.{l}.mlp.hook_post``) and leaving it (``blocks.{l}.hook_mlp_out``). Where both spike, the output spike's
 residual dimension j and the input spike's unit k name one weight, HF ``layers[l].mlp.down_proj.weight[j, k]`` =
-TL ``W_out[l][k, j]``, that writes the massive activation. :func:`super_weights` returns one such candidate per
-layer, ranked by its **contribution** |W_out[k, j] · a_k| at the first token (mean over sequences), the size of
-what that single weight writes into the spike; ``share`` is that contribution's fraction of the output spike.
+TL ``W_out[l][k, j]``, that writes the massive activation. The report section ``super_weights``
+(:class:`SuperWeights`, in the shared pass of ``analyze``) and :func:`super_weights` (one pass over your tokens)
+return one such candidate per layer, ranked by its **contribution** |W_out[k, j]| · mean |a_k| at the first token,
+the size of what that single weight writes into the spike; ``share`` is W_out[k, j] · mean a_k / mean o_j, the
+fraction of the mean output spike it writes. The reductions (sums and maxima over sequences) happen inside the
+hooks, one row per batch, so memory does not grow with the number of sequences.
 
 :func:`super_weight_table` removes the top candidate with :class:`lens_bias.hooks.weights.RemoveWeight` (hooks only; the
 weights stay untouched) and compares the held-out perplexity with two controls: the largest-magnitude other
@@ -16,27 +19,35 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, ClassVar, Hashable, Mapping, Sequence
 
 import pandas as pd
 import torch
 from jaxtyping import Float, Int
-from lens_bias.analyses.base import Result
-from lens_bias.analyses.perplexity import PerplexityTable, perplexity_table
-from lens_bias.hooks import RemoveWeight, RemoveWeights
-from lens_bias.hooks.base import InterventionLike, as_hooks
 from torch import Tensor
 
-from lens_bias.core.adapter import FwdHook, ModelAdapter, Probe
+from lens_bias.analyses.base import Analysis, Result, measure
+from lens_bias.analyses.perplexity import PerplexityTable, perplexity_table
+from lens_bias.core.adapter import ModelAdapter, ModelInfo, Probe
 from lens_bias.core.errors import LensBiasError
+from lens_bias.core.figures import new_figure
+from lens_bias.core.inputs import InputSpec
+from lens_bias.hooks import RemoveWeight, RemoveWeights
+from lens_bias.hooks.base import InterventionLike
 
 __all__ = ["super_weights", "SuperWeightsResult", "super_weight_table"]
 
 logger = logging.getLogger(__name__)
 
 
-def _first_token(hook: str) -> Probe:
-    return Probe(hook, "first", lambda x: x[:, 0])
+def _moments_at(hook: str, position: int) -> Probe:
+    def fn(x: Tensor) -> Tensor:  # [batch, pos, d] -> [1, 3, d]: Σ x, Σ |x| and max |x| over the batch at the position
+        if position >= x.shape[1]:
+            raise LensBiasError(f"super_weights: position {position} is outside sequences of {x.shape[1]} tokens")
+        at = x[:, position].float()
+        return torch.stack([at.sum(dim=0), at.abs().sum(dim=0), at.abs().max(dim=0).values])[None]
+
+    return Probe(hook, f"moments@{position}", fn)
 
 
 def _w_out(model: Any, layer: int) -> Float[Tensor, "d_mlp d_model"]:
@@ -56,10 +67,15 @@ class SuperWeightsResult(Result):
     output_dim: Int[Tensor, "layer"]  # the residual dimension j holding it
     weight: Float[Tensor, "layer"]  # W_out[k, j] = down_proj.weight[j, k]
     weight_rank: Int[Tensor, "layer"]  # 1 = the largest |w| of its matrix
-    contribution: Float[Tensor, "layer"]  # mean over sequences of |W_out[k, j] · a_k| at the first token
-    share: Float[Tensor, "layer"]  # mean over sequences of W_out[k, j] · a_k / o_j
+    contribution: Float[Tensor, "layer"]  # |W_out[k, j]| · mean |a_k| at the position
+    share: Float[Tensor, "layer"]  # W_out[k, j] · mean a_k / mean o_j: the fraction of the mean output spike it writes
     n_sequences: int
     top: int
+    position: int = 0
+
+    heading = "Super weights"
+    headline_labels = {"layer": "top candidate: layer", "row": "row (residual dim)", "col": "col (MLP unit)", "share": "share of the output spike"}
+    plot_caption = "down-projection input and output spikes per layer (Yu et al.)"
 
     def ranked(self) -> list[int]:
         """Layers by contribution, largest first (all of them)."""
@@ -84,6 +100,21 @@ class SuperWeightsResult(Result):
                          "contribution": self.contribution[layer].item(), "share": self.share[layer].item()})
         return pd.DataFrame(rows)
 
+    def plot(self) -> Any:
+        """Yu et al.'s picture: max |down_proj input| and max |output| at the position, per layer, on a log axis."""
+        fig = new_figure()
+        ax = fig.subplots()
+        layers = range(len(self.input_max))
+        ax.semilogy(layers, self.input_max.clamp_min(1e-12).numpy(), marker="o", label="max |down_proj input|")
+        ax.semilogy(layers, self.output_max.clamp_min(1e-12).numpy(), marker="s", label="max |down_proj output|")
+        best = self.ranked()[0]
+        ax.annotate(f"layer {best}: [{int(self.output_dim[best])}, {int(self.input_unit[best])}]", (best, self.output_max[best].item()),
+                    textcoords="offset points", xytext=(8, 8), fontsize=8)
+        ax.set_xlabel("layer")
+        ax.set_ylabel(f"|value| at position {self.position}")
+        ax.legend(fontsize=8)
+        return fig
+
     def spikes(self) -> pd.DataFrame:
         """Per layer, Yu et al.'s plot: max |down_proj input| and max |output| at the first token, and where."""
         return pd.DataFrame({"layer": range(len(self.input_max)), "input_max": self.input_max.tolist(), "input_unit": self.input_unit.tolist(),
@@ -106,10 +137,66 @@ class SuperWeightsResult(Result):
     def summary(self) -> str:
         h = self.headline()
         return (
-            f"super weight candidate (first token, {h['n_sequences']} sequences): layer {h['layer']} "
+            f"super weight candidate (position {self.position}, {h['n_sequences']} sequences): layer {h['layer']} "
             f"down_proj.weight[{h['row']}, {h['col']}] = {h['weight']:.4g} (rank {h['weight_rank']} by |w| in its matrix); "
             f"input spike {h['input_spike']:.4g}, output spike {h['output_spike']:.4g}, of which this weight writes {h['share']:.0%}"
         )
+
+
+@dataclass(frozen=True)
+class SuperWeights(Analysis):
+    """One super-weight candidate per layer from the down-projection spikes at one position (see module docstring)."""
+
+    name: ClassVar[str] = "super_weights"
+    result_type = SuperWeightsResult
+    order = 78
+    trained_order = 25
+    # Candidates in the table.
+    top: int = 5
+    # The position whose spikes are read; Yu et al. read the first token, where the massive activation lives.
+    position: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("top", "position"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "top" else 0):
+                raise LensBiasError(f"{name} must be a {'positive' if name == 'top' else 'non-negative'} int, got {value!r}")
+
+    def applies_to(self, info: ModelInfo) -> bool:
+        return not info.attn_only  # no down-projections
+
+    def probes(self, adapter: ModelAdapter) -> dict[Hashable, Probe]:
+        probes: dict[Hashable, Probe] = {}
+        for layer in range(adapter.info.n_layers):
+            probes["in", layer] = _moments_at(f"blocks.{layer}.mlp.hook_post", self.position)
+            probes["out", layer] = _moments_at(f"blocks.{layer}.hook_mlp_out", self.position)
+        return probes
+
+    def finalize(self, adapter: ModelAdapter, kept: Mapping[Hashable, Tensor], spec: InputSpec) -> SuperWeightsResult:
+        rows: dict[str, list[Any]] = {k: [] for k in ("input_max", "input_unit", "output_max", "output_dim", "weight", "weight_rank", "contribution", "share")}
+        for layer in range(adapter.info.n_layers):
+            a, o = kept["in", layer], kept["out", layer]  # [batches, 3, d]: Σ x, Σ |x|, max |x|
+            a_mean, a_abs, a_max = a[:, 0].sum(0) / spec.n, a[:, 1].sum(0) / spec.n, a[:, 2].max(0).values
+            o_mean, o_max = o[:, 0].sum(0) / spec.n, o[:, 2].max(0).values
+            k, j = int(a_max.argmax()), int(o_max.argmax())
+            w_out = _w_out(adapter.model, layer).float().cpu()
+            w = w_out[k, j]
+            rows["input_max"].append(a_max[k])
+            rows["input_unit"].append(k)
+            rows["output_max"].append(o_max[j])
+            rows["output_dim"].append(j)
+            rows["weight"].append(w)
+            rows["weight_rank"].append(int((w_out.abs() > w.abs()).sum()) + 1)
+            rows["contribution"].append(w.abs() * a_abs[k])
+            rows["share"].append(w * a_mean[k] / o_mean[j])
+        result = SuperWeightsResult(
+            input_max=torch.stack(rows["input_max"]), input_unit=torch.tensor(rows["input_unit"]), output_max=torch.stack(rows["output_max"]),
+            output_dim=torch.tensor(rows["output_dim"]), weight=torch.stack(rows["weight"]), weight_rank=torch.tensor(rows["weight_rank"]),
+            contribution=torch.stack(rows["contribution"]), share=torch.stack(rows["share"]), n_sequences=spec.n,
+            top=min(self.top, adapter.info.n_layers), position=self.position,
+        )
+        logger.info("super weight candidates: %s", result.coordinates())
+        return result
 
 
 def super_weights(
@@ -117,6 +204,7 @@ def super_weights(
     tokens: Int[Tensor, "n seq"],
     *,
     top: int = 5,
+    position: int = 0,
     interventions: Sequence[InterventionLike] = (),
     batch_size: int | None = None,
     progress: bool = False,
@@ -133,6 +221,7 @@ def super_weights(
         model: any TransformerLens model with MLPs exposing ``W_out``; never modified.
         tokens: token IDs ``[n, seq]``: one prompt (Yu et al.) or several, read in one batched pass.
         top: candidates in the table.
+        position: the position whose spikes are read (the first token by default).
         interventions: edits attached for the pass, e.g. removing the super weights found so far (Yu et al.
             repeat until no spike is left).
         batch_size: as in :meth:`lens_bias.core.adapter.ModelAdapter.collect`.
@@ -141,45 +230,10 @@ def super_weights(
     Returns:
         A :class:`SuperWeightsResult`.
     """
-    adapter = ModelAdapter(model)
-    if adapter.info.attn_only:
+    if ModelAdapter(model).info.attn_only:
         raise LensBiasError("super_weights reads MLP down-projections; this model is attention-only")
-    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
-        raise LensBiasError(f"top must be a positive int, got {top!r}")
-    layers = range(adapter.info.n_layers)
-    probes = [_first_token(f"blocks.{l}.mlp.hook_post") for l in layers] + [_first_token(f"blocks.{l}.hook_mlp_out") for l in layers]
-    hooks: list[FwdHook] = as_hooks(model, interventions)
-    kept = adapter.collect(tokens, probes, batch_size=batch_size, hooks=hooks, progress=progress, desc="super weights")
-    per_layer: dict[str, list[Any]] = {k: [] for k in ("input_max", "input_unit", "output_max", "output_dim", "weight", "weight_rank", "contribution", "share")}
-    for l in layers:
-        a, o = kept[f"blocks.{l}.mlp.hook_post:first"], kept[f"blocks.{l}.hook_mlp_out:first"]  # [n, d_mlp], [n, d_model]
-        a_max, o_max = a.abs().max(dim=0).values, o.abs().max(dim=0).values
-        k, j = int(a_max.argmax()), int(o_max.argmax())
-        w_out = _w_out(model, l).float().cpu()
-        w = w_out[k, j]
-        written = w * a[:, k]  # [n]: what this one weight adds to o_j
-        per_layer["input_max"].append(a_max[k])
-        per_layer["input_unit"].append(k)
-        per_layer["output_max"].append(o_max[j])
-        per_layer["output_dim"].append(j)
-        per_layer["weight"].append(w)
-        per_layer["weight_rank"].append(int((w_out.abs() > w.abs()).sum()) + 1)
-        per_layer["contribution"].append(written.abs().mean())
-        per_layer["share"].append((written / o[:, j]).mean())
-    result = SuperWeightsResult(
-        input_max=torch.stack(per_layer["input_max"]),
-        input_unit=torch.tensor(per_layer["input_unit"]),
-        output_max=torch.stack(per_layer["output_max"]),
-        output_dim=torch.tensor(per_layer["output_dim"]),
-        weight=torch.stack(per_layer["weight"]),
-        weight_rank=torch.tensor(per_layer["weight_rank"]),
-        contribution=torch.stack(per_layer["contribution"]),
-        share=torch.stack(per_layer["share"]),
-        n_sequences=int(tokens.shape[0]),
-        top=min(top, adapter.info.n_layers),
-    )
-    logger.info("super weight candidates: %s", result.coordinates())
-    return result
+    analysis = SuperWeights(top=top, position=position)
+    return measure(model, tokens, [analysis], interventions=interventions, batch_size=batch_size, progress=progress)["super_weights"]  # type: ignore[return-value]
 
 
 def super_weight_table(

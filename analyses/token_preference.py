@@ -16,10 +16,10 @@ from typing import Any, ClassVar, Hashable, Mapping
 import pandas as pd
 import torch
 from jaxtyping import Float, Int
-from lens_bias.analyses.base import Analysis, Result
 from scipy.stats import kendalltau
 from torch import Tensor
 
+from lens_bias.analyses.base import Analysis, Result
 from lens_bias.core.adapter import READOUT, ModelAdapter, Probe, last_position
 from lens_bias.core.figures import new_figure
 from lens_bias.core.inputs import InputSpec
@@ -104,7 +104,7 @@ class TokenPreferenceResult(Result):
             f"{t if s is None else repr(s)} ({r:.1f}×)" for t, s, r in zip(top.token, top.get("token_str", [None] * len(top)), top.ratio_to_uniform)
         )
         return (
-            f"token preference over {self.n} random inputs (V = {self.d_vocab}):\n"
+            f"token preference over {self.n} inputs (V = {self.d_vocab}):\n"
             f"  max/min p̄ = {self.max_min_ratio:.3g}, V·max p̄ = {self.uniform_ratio:.3g}, "
             f"H(p̄)/log V = {self.entropy_ratio:.4f}\n"
             f"  argmax: {self.distinct_argmax} distinct tokens, the most common takes {self.argmax_share:.1%} of inputs\n"
@@ -145,6 +145,7 @@ class TokenPreference(Analysis):
     name: ClassVar[str] = "token_preference"
     result_type = TokenPreferenceResult
     order = 10
+    trained_order = 60
     top_k: int = 20  # rows of the favourites table
 
     def probes(self, adapter: ModelAdapter) -> dict[Hashable, Probe]:

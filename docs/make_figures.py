@@ -6,9 +6,12 @@ Writes into docs/assets/:
 
 * ``smollm2_sinks.png`` — Sink_0 per layer and head of SmolLM2-135M-Instruct on held-out text
   (``report.sinks.plot(position=0)``), the README's picture;
+* ``smollm2_chain.png`` — the anatomy of SmolLM2's sink with the causal verdicts (``report.anatomy().plot()``);
+* ``smollm2_attribution.png`` — Sink_0 per condition and layer (``report.sink_attribution.plot()``);
+* ``smollm2_positional_variance.png`` — log10 r_t per layer and position (``report.positional_variance.plot()``);
 * ``born_biased.png`` — sorted V·p̄ of a random-init ReLU GPT (``report.token_preference.plot()``);
 * ``report.png`` — the top of the offline report page of SmolLM2 (``report.to_html``), as headless Chromium
-  draws it with networking disabled.
+  draws it with networking disabled: it opens with the anatomy.
 """
 
 from __future__ import annotations
@@ -50,12 +53,16 @@ def main() -> None:
     save(fig, "born_biased.png")
 
     smol = lens_bias.models.pretrained("smollm2-135m-instruct")
-    report = lens_bias.analyze(smol, inputs="text", n_sequences=32, seq_len=64, progress=False)
+    # 64 windows: the attribution measures the even 32 and calibrates on the odd 32
+    report = lens_bias.analyze(smol, inputs="text", n_sequences=64, seq_len=64, attribution=True, progress=False)
     fig = report.sinks.plot(position=0)
     fig.suptitle("SmolLM2-135M-Instruct on held-out text")
     save(fig, "smollm2_sinks.png")
+    save(report.anatomy().plot(), "smollm2_chain.png")
+    save(report.sink_attribution.plot(), "smollm2_attribution.png")
+    save(report.positional_variance.plot(), "smollm2_positional_variance.png")
     with tempfile.TemporaryDirectory() as tmp:
-        tokens = lens_bias.core.inputs.text_tokens(smol.tokenizer, 1, 24, seed=1)[0]
+        tokens = lens_bias.text_tokens(smol.tokenizer, 1, 24, seed=1)[0]
         attention = lens_bias.viz.attention_view(smol, tokens, layers=[3], heads=[0, 1, 2])
         page = report.to_html(Path(tmp) / "report.html", views={"attention, layer 3": attention})
         screenshot(page, ASSETS / "report.png")

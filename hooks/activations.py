@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from lens_bias.hooks.base import Intervention
 from torch import Tensor
 
 from lens_bias.core.adapter import FwdHook, ModelAdapter
 from lens_bias.core.errors import LensBiasError
+from lens_bias.hooks.base import Intervention
 
 __all__ = ["SetActivations"]
 

@@ -16,15 +16,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import Tensor
+
+from lens_bias.core.adapter import FwdHook
 from lens_bias.hooks.base import (
     Intervention,
     check_in_sequence,
     check_position,
     replaces,
 )
-from torch import Tensor
-
-from lens_bias.core.adapter import FwdHook
 
 __all__ = ["SelfOnlyAttention", "UniformAttention", "MaskToSelf"]
 

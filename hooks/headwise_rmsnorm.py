@@ -10,11 +10,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
-from lens_bias.hooks.base import Intervention
 from torch import Tensor
 
 from lens_bias.core.adapter import FwdHook
 from lens_bias.core.errors import LensBiasError
+from lens_bias.hooks.base import Intervention
 
 __all__ = ["HeadwiseRMSNorm"]
 

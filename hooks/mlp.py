@@ -15,11 +15,11 @@ from typing import Any, Callable, Union
 
 import torch
 import torch.nn.functional as F
-from lens_bias.hooks.base import Intervention, reads, replaces
 from torch import Tensor
 
 from lens_bias.core.adapter import FwdHook
 from lens_bias.core.errors import LensBiasError
+from lens_bias.hooks.base import Intervention, reads, replaces
 
 __all__ = ["OddActivation", "MeanCenterMLP", "SwapActivation", "ACTIVATION_FUNCTIONS"]
 

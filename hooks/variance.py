@@ -14,11 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from lens_bias.hooks.base import Intervention, check_in_sequence, check_position
 from torch import Tensor
 
 from lens_bias.core.adapter import FwdHook
 from lens_bias.core.errors import LensBiasError
+from lens_bias.hooks.base import Intervention, check_in_sequence, check_position
 
 __all__ = ["AmplifyVariance", "ScaleNorm"]
 

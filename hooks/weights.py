@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
-from lens_bias.hooks.base import Intervention, reads
 from torch import Tensor
 
 from lens_bias.core.adapter import FwdHook, ModelAdapter
 from lens_bias.core.errors import LensBiasError
+from lens_bias.hooks.base import Intervention, reads
 
 __all__ = ["RemoveWeight", "RemoveWeights"]
 

@@ -115,3 +115,14 @@ def test_fingerprint_default_length_fits_the_models_context(tmp_path, capsys):
     assert main(["fingerprint", "llama:d=64,L=2,H=4,V=200,seed=3", "-o", str(out), "--sequences", "4", "--no-progress"]) == 0
     fp = lens_bias.Fingerprint.load(out)
     assert fp.inputs["seq_len"] == 256 and fp.features.shape == (4, 64)
+
+
+def test_attribution_command_writes_its_tables(tmp_path, capsys):
+    code = main(["attribution", "--model", "llama:d=64,L=2,H=4,V=97,ctx=32", "--preset", "tiny", "--set", "inputs=tokens",
+                 "--out", str(tmp_path), "--no-progress"])
+    out = capsys.readouterr().out
+    assert code == 0 and "sink attribution (8 sequences of 32 tokens" in out and "### The chain" in out
+    table = __import__("pandas").read_csv(tmp_path / "attribution.csv")
+    assert table.condition[0] == "unedited" and len(table) == 9 and (tmp_path / "chain.csv").exists() and (tmp_path / "sink_by_condition.png").exists()
+    assert main(["attribution", "--model", "llama:d=64,L=2,H=4,V=97,ctx=32", "--preset", "tiny", "--no-progress"]) == 2  # text needs a tokenizer
+    assert "needs model.tokenizer" in capsys.readouterr().err

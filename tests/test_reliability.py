@@ -10,10 +10,10 @@ import torch
 import lens_bias
 import lens_bias.hooks as H
 from lens_bias import LensBiasError
-from lens_bias.core import memory
 from lens_bias.cli import main
+from lens_bias.core import memory
 from lens_bias.core.adapter import Probe, last_position
-from lens_bias.models.checkpoints import load_checkpoint, save_checkpoint
+from lens_bias.models.checkpoints import load_checkpoint
 from lens_bias.seedprint import Fingerprint, fingerprint
 
 from .conftest import assert_same_state, hook_snapshot, state_copy, tiny, warmed_snapshot
@@ -295,8 +295,8 @@ def test_interrupted_save_leaves_no_partial_file(tmp_path, monkeypatch, garbage)
 
 
 def test_interrupted_training_keeps_complete_checkpoints_only(tmp_path, monkeypatch):
-    from lens_bias.training import trainer as train_module
     from lens_bias.core.corpora import prose
+    from lens_bias.training import trainer as train_module
     from lens_bias.training.data import TokenData
 
     m = lens_bias.random_init("llama", d_model=32, n_layers=2, n_heads=4, d_vocab=300, n_ctx=16, seed=1)

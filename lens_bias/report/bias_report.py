@@ -1,11 +1,16 @@
-"""``analyze(model)``: the born-biased report of any TransformerLens model.
+"""``analyze(model)``: the report of any TransformerLens model, as a random init or as a trained model.
 
 A section is one :class:`~lens_bias.analyses.base.Analysis` subclass (it registers itself in ``SECTIONS``); all
-requested sections share one batched forward pass over the same random inputs.
+requested sections share one batched forward pass over the same inputs. The model's regime
+(:attr:`lens_bias.core.adapter.ModelInfo.regime`, or ``analyze(..., regime=...)``) decides the report's order and
+headline: a random init's opens with what it was born with (token preference, contraction, ...), a trained
+model's with the anatomy of its sink (:mod:`lens_bias.report.anatomy`), and laws that hold only at init are
+compared with only there.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import html
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,17 +20,22 @@ import torch
 
 from lens_bias.analyses.ablation import AblationResult, ablate
 from lens_bias.analyses.base import SECTIONS, Result, run_analyses
-from lens_bias.core.adapter import ModelAdapter, ModelInfo
+from lens_bias.analyses.sink_attribution import SinkAttributionResult, sink_attribution
+from lens_bias.core.adapter import REGIMES, ModelAdapter, ModelInfo
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.figures import figure_png
 from lens_bias.core.inputs import Inputs, InputSpec, resolve_inputs
 from lens_bias.hooks.base import edit_records
+from lens_bias.report.anatomy import SinkAnatomy, anatomy_of
 from lens_bias.report.viz import save_html, view_slot
 
 __all__ = ["BiasReport", "analyze", "SECTIONS"]
 
 # Sections that are not an Analysis of the shared pass: opt-in, with passes of their own.
-EXTRA_SECTIONS: dict[str, type[Result]] = {"ablations": AblationResult}  # analyze(model, ablations=True)
+EXTRA_SECTIONS: dict[str, type[Result]] = {
+    "ablations": AblationResult,  # analyze(model, ablations=True)
+    "sink_attribution": SinkAttributionResult,  # analyze(model, attribution=True)
+}
 
 
 @dataclass
@@ -79,6 +89,11 @@ class BiasReport:
         return cls(model=ModelInfo.from_dict(d["model"]), inputs=InputSpec.from_dict(d["inputs"]), sections=sections,
                    interventions=list(d["interventions"]))
 
+    def anatomy(self) -> SinkAnatomy | None:
+        """The anatomy of the first-token sink (super weight → massive dim → disparity → sink) from the computed
+        sections, or None without the ``sinks`` and ``super_neurons`` sections. A trained model's report opens with it."""
+        return anatomy_of(self.sections)
+
     def figures(self) -> dict[str, Any]:
         """matplotlib figures of the computed sections that have one (``result.plot()``; needs ``lens-bias[plot]``)."""
         return {r.plot_caption or name: r.plot() for name, r in self.sections.items() if r.has_figure}
@@ -88,8 +103,12 @@ class BiasReport:
         return {r.view_caption or name: r.show() for name, r in self.sections.items() if r.has_view}
 
     def headline_table(self) -> list[tuple[str, str, str]]:
-        """The report's headline numbers as (section, number, value) rows, the first thing ``to_html`` shows."""
+        """The report's headline numbers as (section, number, value) rows, the first thing ``to_html`` shows; a
+        trained model's start with the anatomy of its sink."""
         rows = []
+        anatomy = self.anatomy() if self.model.regime == "trained" else None
+        if anatomy is not None:
+            rows += [("Anatomy of the sink", row.link, f"{row.where}; {row.measured}") for row in anatomy.to_pandas().itertuples()]
         for name, result in self.sections.items():
             numbers = result.headline()
             for key, label in result.headline_labels.items():
@@ -103,9 +122,10 @@ class BiasReport:
     def to_html(self, path: Union[str, Path], *, views: Mapping[str, Any] | None = None, max_rows: int = 40, short_rows: int = 8) -> Path:
         """One page that renders offline, laid out like a paper's figure page.
 
-        The headline numbers come first; then one part per section: its figure (when matplotlib is installed; PNG
-        inlined) beside its summary and first ``short_rows`` rows, the rest of its table (up to ``max_rows``) folded
-        in ``<details>``, and its circuitsvis view. ``views`` adds your own views (e.g. ``viz.attention_view``) at
+        The headline numbers come first (a trained model's: the anatomy of its sink, whose chain picture is then the
+        first part); then one part per section: its figure (when matplotlib is installed; PNG inlined) beside its
+        summary and first ``short_rows`` rows, the rest of its table (up to ``max_rows``) folded in ``<details>``,
+        and its circuitsvis view. ``views`` adds your own views (e.g. ``viz.attention_view``) at
         the end; the text summary closes the page, folded.
 
         Returns:
@@ -125,27 +145,31 @@ class BiasReport:
             )
             + "</table>",
         ]
+        shown: list[tuple[str, Any]] = list(self.sections.items())
+        anatomy = self.anatomy() if m.regime == "trained" else None
+        if anatomy is not None:  # a trained model's page opens with its sink's anatomy
+            shown.insert(0, ("Anatomy of the sink", anatomy))
         no_plot = None
-        for name, result in self.sections.items():
-            table = result.to_pandas()
-            table = table.dropna(axis=1, how="all")  # no empty columns (e.g. token strings of a model without a tokenizer)
+        for name, result in shown:
+            table = result.to_pandas().dropna(axis=1, how="all")  # no empty columns (e.g. token strings without a tokenizer)
+            heading = getattr(result, "heading", "") or name
+            caption = getattr(result, "plot_caption", "") or "the chain, link by link"
             figure = ""
-            if result.has_figure and no_plot is None:
+            if getattr(result, "has_figure", True) and no_plot is None:
                 try:
-                    figure = f"<figure>{figure_png(result.plot())}<figcaption>{esc(result.plot_caption or name)}</figcaption></figure>"
+                    figure = f"<figure>{figure_png(result.plot())}<figcaption>{esc(caption)}</figcaption></figure>"
                 except LensBiasError as err:  # no matplotlib: tables and views only
                     no_plot = str(err)
             short = table.head(short_rows).to_html(index=False, float_format=_fmt, border=0)
             side = f'<div><div class="summary">{esc(result.summary())}</div>{short}</div>'
-            part = f"<section><h2>{esc(result.heading or name)}</h2><div class=\"row\">{figure}{side}</div>"
+            part = f"<section><h2>{esc(heading)}</h2><div class=\"row\">{figure}{side}</div>"
             if len(table) > short_rows:
-                shown = table.head(max_rows)
                 more = f", first {max_rows} shown" if len(table) > max_rows else ""
                 part += (
                     f"<details><summary>full table ({len(table)} rows{more})</summary>"
-                    + shown.to_html(index=False, float_format=_fmt, border=0) + "</details>"
+                    + table.head(max_rows).to_html(index=False, float_format=_fmt, border=0) + "</details>"
                 )
-            if result.has_view:
+            if getattr(result, "has_view", False):
                 part += view_slot(result.view_caption or name)
             parts.append(part + "</section>")
         if no_plot is not None:
@@ -157,14 +181,16 @@ class BiasReport:
         m, i = self.model, self.inputs
         pos = f"{m.positional_embedding} positions"
         mlp = "attention-only" if m.attn_only else f"{'gated ' if m.gated_mlp else ''}{m.act_fn} MLP"
+        kind = "a trained model" if m.regime == "trained" else "a random init"
         header = (
-            f"lens_bias report: {m.architecture or m.family}, d_model {m.d_model}, {m.n_layers} layers × {m.n_heads} heads, "
+            f"lens_bias report of {kind}: {m.architecture or m.family}, d_model {m.d_model}, {m.n_layers} layers × {m.n_heads} heads, "
             f"{mlp}, {m.normalization} norm, {pos}, V {m.d_vocab} ({m.family}, TL {m.tl_version}, {m.device}/{m.dtype})\n"
             f"inputs: {i.describe()}"
         )
         if self.interventions:
             header += "\nmeasured under: " + " + ".join(d.get("type", "?") for d in self.interventions)
-        return "\n\n".join([header] + [r.summary() for r in self.sections.values()])
+        anatomy = self.anatomy() if m.regime == "trained" else None
+        return "\n\n".join([header] + ([anatomy.summary()] if anatomy is not None else []) + [r.summary() for r in self.sections.values()])
 
 
 def _fmt(value: Any) -> str:
@@ -196,9 +222,11 @@ def analyze(
     progress: bool = True,
     sections: Sequence[str] | None = None,
     ablations: bool = False,
+    attribution: bool = False,
+    regime: str | None = None,
     interventions: Sequence[Any] = (),
 ) -> BiasReport:
-    """Measure what ``model`` is born with on random inputs: token preference, contraction, ...
+    """Measure what ``model`` is born with, or for a trained model the anatomy of its sink, on one batched pass.
 
     With ``inputs="tokens"`` it analyses exactly ``lens_bias.random_tokens(n_sequences, seq_len, d_vocab, seed)``.
 
@@ -223,6 +251,11 @@ def analyze(
         progress: show a tqdm progress bar.
         sections: which sections to compute (default: every one in ``SECTIONS`` whose ``applies_to`` accepts the model).
         ablations: also run :func:`lens_bias.ablate` on the same inputs (one more pass per condition).
+        attribution: also run :func:`lens_bias.analyses.sink_attribution.sink_attribution` on the same token inputs
+            (two passes per condition; its odd sequences calibrate, its even ones are measured); its verdicts join
+            the anatomy.
+        regime: "init" or "trained", instead of what lens_bias recorded of the model (``ModelInfo.regime``: models
+            it did not build or load count as trained).
         interventions: lens_bias.hooks interventions (or lists of them) attached for the pass; the report records
             them (``report.interventions``, their ``to_dict()``).
 
@@ -231,10 +264,15 @@ def analyze(
     """
     adapter = ModelAdapter(model)
     _check_device(adapter, device)
+    if regime is not None:
+        if regime not in REGIMES:
+            raise LensBiasError(f"regime must be one of {REGIMES}, got {regime!r}")
+        adapter.info = dataclasses.replace(adapter.info, regime=regime)
     names = list(SECTIONS) if sections is None else list(sections)
     unknown = [s for s in names if s not in SECTIONS]
     if unknown:
         raise LensBiasError(f"unknown section(s) {unknown}; choose from {list(SECTIONS)}")
+    names.sort(key=lambda s: SECTIONS[s].place(adapter.info.regime))
     analyses = [SECTIONS[s]() for s in names]
     if sections is None:  # by default every section the model has what it reads for
         analyses = [a for a in analyses if a.applies_to(adapter.info)]
@@ -243,11 +281,15 @@ def analyze(
         raise LensBiasError(f"analyze needs at least 2 sequences (cosines between sequences), got {spec.n}")
     if spec.seq_len < 2:
         raise LensBiasError(f"analyze needs seq_len >= 2 (cosines between positions), got {spec.seq_len}")
-    if ablations and interventions:
-        raise LensBiasError("ablations=True runs its own edits on the unedited model; for ablations under your edits "
-                            "call lens_bias.ablate(model, conditions={name: [*your_edits, ...]})")
+    if (ablations or attribution) and interventions:
+        raise LensBiasError("ablations=True and attribution=True run their own edits on the unedited model; for them under your edits "
+                            "call lens_bias.ablate / sink_attribution with conditions={name: [*your_edits, ...]}")
+    if attribution and not (isinstance(data, torch.Tensor) and data.ndim == 2):
+        raise LensBiasError("attribution=True measures token inputs (perplexity needs next tokens): pass inputs='text' or 'tokens'")
     records = edit_records(interventions)  # before the pass: an edit that cannot be recorded fails now
     results = run_analyses(adapter, data, spec, analyses, batch_size=batch_size, interventions=interventions, progress=progress)
     if ablations:
         results["ablations"] = ablate(model, inputs=data, batch_size=batch_size, progress=progress)
+    if attribution:
+        results["sink_attribution"] = sink_attribution(model, data, batch_size=batch_size, progress=progress)
     return BiasReport(model=adapter.info, inputs=spec, sections=results, interventions=records)

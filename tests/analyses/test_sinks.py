@@ -6,14 +6,14 @@ import torch
 
 import lens_bias
 from lens_bias import LensBiasError, intervene
+from lens_bias.analyses.base import run_analyses
 from lens_bias.analyses.positional_variance import PositionalVariance, fit_exponent, profile_spread
 from lens_bias.analyses.sinks import Sinks, key_importance, sink_rate
 from lens_bias.analyses.super_neurons import SuperNeurons, dominance_ratio
-from lens_bias.analyses.base import run_analyses
 from lens_bias.core.corpora import Corpus
-from lens_bias.training.data import TokenData
-from lens_bias.hooks import AmplifyVariance, HeadwiseRMSNorm, Intervention, MaskToSelf, ScaleNorm, UniformAttention
 from lens_bias.core.inputs import InputSpec
+from lens_bias.hooks import AmplifyVariance, HeadwiseRMSNorm, Intervention, MaskToSelf, ScaleNorm, UniformAttention
+from lens_bias.training.data import TokenData
 from lens_bias.training.trainer import train
 
 from ..conftest import assert_same_state, hook_snapshot, state_copy, tiny, warmed_snapshot
@@ -246,12 +246,16 @@ def test_super_neurons_find_a_planted_unit():
 
     result = run_analyses(adapter, tokens, spec, [SuperNeurons()], progress=False, interventions=[("blocks.1.mlp.hook_post", plant)])["super_neurons"]
     units = result.units(top=1)
-    assert units.set_index("layer").loc[1, "unit"] == 17
-    assert result.unit_ratio[1, 17] > 100
-    assert result.headline()["top_unit_layer"] == 1
+    w = model.blocks[1].mlp.W_out[17].detach()
+    assert result.massive_dim == int(w.abs().argmax())  # the planted unit makes the largest mean |h| at position 0
+    assert (units.layer[0], units.unit[0]) == (1, 17) and units.top_dims[0][0] == int(w.abs().argmax())
+    assert units.writes[0] == pytest.approx(50.0 * w[result.massive_dim].item(), rel=1e-5)  # mean activation × W_out[17, j*]
+    assert result.selectivity[1, 17] > 100 and result.headline()["top_unit_layer"] == 1
     assert result.mlp_in_max[1] == pytest.approx(50.0)
-    w = model.blocks[1].mlp.W_out[17].detach().abs()
-    assert units.set_index("layer").loc[1, "top_dims"][0] == int(w.argmax())
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens)
+    direct = cache["blocks.0.mlp.hook_post"][:, 0].mean(0) * model.blocks[0].mlp.W_out[:, result.massive_dim].detach()
+    assert torch.allclose(result.writes[0], direct, atol=1e-6)  # layer 0, unplanted: the write is mean a × W_out[:, j*]
     assert torch.allclose(dominance_ratio(torch.tensor([[1.0, -1.0], [3.0, 1.0]])), torch.tensor([1.0, 1.5]))
     with pytest.raises(LensBiasError, match="pick position < 12"):
         run_analyses(adapter, tokens, spec, [SuperNeurons(position=12)], progress=False)

@@ -11,11 +11,11 @@ from scipy.stats import mannwhitneyu
 
 import lens_bias
 from lens_bias import LensBiasError, seedprint
+from lens_bias.core.corpora import Corpus, code
 from lens_bias.experiments import descendants as D
 from lens_bias.models import transforms as T
 from lens_bias.models.architectures.base import is_bias
 from lens_bias.training import fine_tune
-from lens_bias.core.corpora import Corpus, code
 from lens_bias.training.data import TokenData
 
 from ..conftest import assert_same_state, state_copy, tiny

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import lens_bias
-from lens_bias.experiments import real_model
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.inputs import text_tokens
+from lens_bias.experiments import real_model
 from lens_bias.models.huggingface import from_hf, load_hf, shipped_gguf
 
 from ..conftest import BACKEND, assert_same_state, requires_tl3, state_copy
@@ -227,12 +227,15 @@ def test_cli_analyze_the_shipped_model_on_text(capsys):
     from ..conftest import _real_model_or_skip
 
     _real_model_or_skip("smollm2-135m-instruct")
-    code = main(["analyze", "--model", "smollm2-135m-instruct", "--inputs", "text", "--n-sequences", "3", "--seq-len", "16",
-                 "--sections", "sinks", "super_neurons", "--no-progress"])
+    code = main(["analyze", "--model", "smollm2-135m-instruct", "--inputs", "text", "--n-sequences", "4", "--seq-len", "16",
+                 "--sections", "sinks", "super_neurons", "massive_activations", "super_weights", "--no-progress"])
     out = capsys.readouterr().out
     assert code == 0
-    assert "LlamaForCausalLM, d_model 576, 30 layers" in out and "3 held-out prose text sequences of length 16" in out
+    assert "report of a trained model: LlamaForCausalLM, d_model 576, 30 layers" in out and "4 held-out prose text sequences of length 16" in out
     assert "massive activations (>100 and ≥1000× median) in layers [" in out and "in layers none" not in out
+    # the anatomy comes first: super weight → massive dims → disparity → sink
+    anatomy = out[out.index("anatomy of the first-token sink"):out.index("attention sinks (")]
+    assert "layers[11].mlp.down_proj.weight[507, 1229]" in anatomy and "massive dims  [507" in anatomy and "from layer 11" in anatomy
 
 
 def test_cli_fingerprint_a_hugging_face_folder(tmp_path, smollm2_hf, capsys):
@@ -249,3 +252,20 @@ def test_cli_fingerprint_a_hugging_face_folder(tmp_path, smollm2_hf, capsys):
     assert main(["fingerprint", str(tmp_path / "model"), "-o", str(out), "--sequences", "8", "--seq-len", "16", "--no-progress"]) == 0
     fp = lens_bias.Fingerprint.load(out)
     assert fp.features.shape == (8, 32) and fp.model["n_layers"] == 2 and "-> " in capsys.readouterr().out
+
+
+def test_a_trained_report_reads_as_one(smollm2, tmp_path):
+    report = lens_bias.analyze(smollm2, inputs="text", n_sequences=8, seq_len=32, progress=False)
+    assert report.model.regime == "trained" and list(report.sections)[:4] == ["sinks", "massive_activations", "super_weights", "super_neurons"]
+    anatomy = report.anatomy()
+    # the anatomy of SmolLM2-135M's sink, as measured (docs/experiments/real-model.md): Yu et al.'s super weight writes
+    # ~73% of the layer-11 spike in dim 507; the first token's dim 507 reaches ~2.4e4 from layer 11; Sink_0 ~70-80%
+    assert (anatomy.super_weights[0]["layer"], anatomy.super_weights[0]["row"], anatomy.super_weights[0]["col"]) == (11, 507, 1229)
+    assert anatomy.super_weights[0]["share"] == pytest.approx(0.73, abs=0.05)
+    assert anatomy.massive_dims[:2] == [507, 247] and anatomy.onset_layer == 11 and anatomy.massive_value > 1e4
+    assert (anatomy.super_neuron["layer"], anatomy.super_neuron["unit"]) == (11, 1229) and anatomy.disparity > 100
+    assert anatomy.sink_rate > 60 and set(range(12, 28)) <= set(anatomy.sink_layers)
+    assert "the init law does not apply" in report.positional_variance.summary() and "law_deviation_layer0" not in report.positional_variance.headline()
+    page = report.to_html(tmp_path / "smollm2.html").read_text()
+    assert page.index("Anatomy of the sink") < page.index("<h2>Attention sinks</h2>") < page.index("<h2>Token preference</h2>")
+    assert "ColoredTokens" in page and page.count("CircuitsVis.render(") == 1  # the favourites; no view that says nothing

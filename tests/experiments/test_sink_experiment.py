@@ -72,10 +72,10 @@ def test_unknown_preset_and_missing_model(tmp_path):
 
 @pytest.mark.skipif(not SINK_MODEL_PATH.exists(), reason="the shipped sink model is not in this checkout")
 def test_shipped_sink_model_has_a_first_token_sink_and_mask_to_self_moves_it():
-    from lens_bias.analyses.sinks import Sinks
-    from lens_bias.hooks import AmplifyVariance, MaskToSelf, ScaleNorm
     from lens_bias.analyses.base import measure
+    from lens_bias.analyses.sinks import Sinks
     from lens_bias.experiments.sink_training import corpus_data, eval_tokens, random_init
+    from lens_bias.hooks import AmplifyVariance, MaskToSelf, ScaleNorm
 
     model, cfg = sink_model()
     tokens = eval_tokens(corpus_data(cfg), cfg.n_eval)

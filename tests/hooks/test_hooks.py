@@ -1,7 +1,6 @@
 """Interventions: each edit equals a direct computation, composes, serialises, passes gradients, cleans up."""
 
 import re
-import warnings
 
 import pytest
 import torch

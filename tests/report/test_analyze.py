@@ -9,7 +9,7 @@ import torch
 import lens_bias
 from lens_bias import LensBiasError
 
-from ..conftest import BACKEND, assert_same_state, hook_snapshot, state_copy, shared_tiny, warmed_snapshot
+from ..conftest import BACKEND, assert_same_state, hook_snapshot, shared_tiny, state_copy, warmed_snapshot
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama", "qwen2"])
@@ -109,3 +109,49 @@ def test_analyze_and_ablate_record_their_interventions_as_to_dict():
         lens_bias.analyze(model, inputs=tokens, interventions=[iv], sections=["contraction"], progress=False).contraction.inter[-1].item(), abs=1e-6)
     with pytest.raises(LensBiasError, match="ablations=True"):
         lens_bias.analyze(model, inputs=tokens, interventions=[iv], ablations=True, progress=False)
+
+
+def test_the_regime_orders_the_report_and_picks_its_laws(tmp_path):
+    model = shared_tiny("llama")
+    init = lens_bias.analyze(model, n_sequences=8, seq_len=8, progress=False)
+    assert init.model.regime == "init" and list(init.sections)[:2] == ["token_preference", "contraction"]
+    assert "t^-1/2 law" in init.positional_variance.summary() and "law_deviation_layer0" in init.positional_variance.headline()
+    assert init.anatomy() is not None and "anatomy" not in str(init)  # an init's report does not open with it
+    trained = lens_bias.analyze(model, n_sequences=8, seq_len=8, progress=False, regime="trained")
+    assert trained.model.regime == "trained"
+    assert list(trained.sections)[:4] == ["sinks", "massive_activations", "super_weights", "super_neurons"]
+    assert list(trained.sections)[-1] == "fingerprint" and set(trained.sections) == set(init.sections)
+    assert "law" not in trained.positional_variance.headline().__repr__() and "the init law does not apply" in str(trained)
+    text = str(trained)
+    assert text.index("anatomy of the first-token sink") < text.index("attention sinks") < text.index("token preference")
+    assert trained.headline_table()[0][0] == "Anatomy of the sink"
+    page = trained.to_html(tmp_path / "trained.html").read_text()
+    assert page.index("<h2>Anatomy of the sink</h2>") < page.index("<h2>Attention sinks</h2>") < page.index("<h2>Token preference</h2>")
+    with pytest.raises(LensBiasError, match="regime must be one of"):
+        lens_bias.analyze(model, n_sequences=8, seq_len=8, progress=False, regime="pretrained")
+
+
+def test_the_anatomy_reads_the_sections_it_names():
+    model = shared_tiny("llama")
+    report = lens_bias.analyze(model, n_sequences=8, seq_len=8, progress=False)
+    anatomy = report.anatomy()
+    sinks, neurons, weights = report.sinks, report.super_neurons, report.super_weights
+    assert anatomy.sink_rate == pytest.approx(sinks.rate()[0].item())
+    assert anatomy.massive_dims == [neurons.massive_dim]  # no activation is massive at init: the largest dim
+    assert anatomy.massive_value == pytest.approx(neurons.resid_at[:, neurons.massive_dim].max().item())
+    layer, row, col = weights.coordinates()[0]
+    assert anatomy.super_weights[0] == {"layer": layer, "row": row, "col": col, "weight": weights.weight[layer].item(), "share": weights.share[layer].item()}
+    assert anatomy.disparity == pytest.approx(neurons.dominance_at.max().item()) and anatomy.chain == []
+    assert type(anatomy).from_dict(json.loads(json.dumps(anatomy.to_dict()))) == anatomy
+    assert lens_bias.analyze(model, n_sequences=8, seq_len=8, sections=["sinks"], progress=False).anatomy() is None
+
+
+def test_attribution_joins_the_report_and_its_anatomy():
+    model = shared_tiny("llama")
+    report = lens_bias.analyze(model, n_sequences=8, seq_len=12, progress=False, regime="trained", attribution=True)
+    attribution = report.sink_attribution
+    assert attribution.n == 4 and attribution.conditions[0] == "unedited"  # the even rows measured, the odd ones calibrate
+    assert report.anatomy().chain == attribution.chain().to_dict(orient="records")
+    assert "what removes it (sink_attribution" in str(report)
+    with pytest.raises(LensBiasError, match="token inputs"):
+        lens_bias.analyze(model, inputs="embeddings", n_sequences=8, seq_len=12, progress=False, attribution=True)

@@ -1,5 +1,6 @@
 """Views, pages and figures; the saved report renders in headless Chromium with networking disabled."""
 
+import dataclasses
 import re
 import shutil
 import subprocess
@@ -8,8 +9,7 @@ import pytest
 import torch
 
 import lens_bias
-from lens_bias import LensBiasError
-from lens_bias import viz
+from lens_bias import LensBiasError, viz
 from lens_bias.analyses.sinks import key_importance
 
 from ..conftest import shared_tiny
@@ -37,12 +37,12 @@ def test_attention_view_names_heads_with_the_first_token_share(model):
         viz.attention_view(model, lens_bias.random_tokens(2, 10, 200))
 
 
-def test_token_and_variance_views_carry_the_numbers(report):
+def test_the_token_view_carries_the_numbers(report):
     view = report.token_preference.show(top=5)
     top = report.token_preference.p_bar.topk(5).indices.tolist()
     assert f'"tokens": {[str(t) for t in top]}'.replace("'", '"') in view.local_src
-    r = report.positional_variance.r_out[0]
-    assert f'"values": [1.0, {r[1].item()}' in report.positional_variance.show().local_src
+    values = report.token_preference.p_bar.double().topk(5).values * report.token_preference.d_vocab
+    assert f'"values": [{torch.log10(values).float()[0].item()}' in view.local_src
 
 
 def remote_loads(page):
@@ -58,8 +58,8 @@ def test_remote_loads_finds_what_a_cdn_page_fetches():
     assert remote_loads('<script>var u = "https://react.dev/errors";</script><a href="https://x.org">x</a>') == []
 
 
-def test_page_inlines_one_bundle_for_many_views(report, tmp_path):
-    views = report.views()
+def test_page_inlines_one_bundle_for_many_views(report, model, tmp_path):
+    views = {**report.views(), "attention": viz.attention_view(model, lens_bias.random_tokens(1, 8, 200, seed=2)[0], layers=[0])}
     assert len(views) == 2
     path = viz.save_html(views, tmp_path / "v.html", title="two views")
     text = path.read_text()
@@ -73,7 +73,8 @@ def test_figures_are_matplotlib_figures(report):
     from matplotlib.figure import Figure
 
     figures = report.figures()
-    assert set(figures) == {"sorted V·p̄", "contraction per layer", "positional variance r_t", "first-token sink per layer and head"}
+    assert set(figures) == {"sorted V·p̄", "contraction per layer", "positional variance r_t", "first-token sink per layer and head",
+                            "largest |h| and median |h| per block output", "down-projection input and output spikes per layer (Yu et al.)"}
     assert all(isinstance(f, Figure) for f in figures.values())
     ablation = lens_bias.ablate(shared_tiny("gpt2", act_fn="relu"), n_sequences=8, seq_len=8, progress=False)
     lines = ablation.plot().axes[0].get_lines()
@@ -84,11 +85,16 @@ def test_results_plot_and_show_themselves(report):
     from matplotlib.figure import Figure
 
     assert isinstance(report.token_preference.plot(), Figure) and isinstance(report.sinks.plot(position=0, eps=0.1), Figure)
-    assert "CircuitsVis.ColoredTokens" in report.positional_variance.show(layer=1).local_src
+    assert "CircuitsVis.ColoredTokens" in report.token_preference.show(top=3).local_src
     with pytest.raises(LensBiasError, match="DecompositionResult has no figure"):
         report.decomposition.plot()
-    with pytest.raises(LensBiasError, match="ContractionResult has no circuitsvis view"):
-        report.contraction.show()
+    with pytest.raises(LensBiasError, match="PositionalVarianceResult has no circuitsvis view"):
+        report.positional_variance.show()  # its r_t by position said nothing a figure does not: no view
+    lines = report.positional_variance.plot().axes[0].get_lines()
+    assert len(lines) == 2 + 1  # an init of 2 layers: one line per layer and the (t+1)^-1/2 law
+    trained = dataclasses.replace(report.positional_variance, regime="trained")  # a trained (or deep) model: a layer × position heatmap
+    image = trained.plot().axes[0].images[0].get_array()
+    assert image.shape == tuple(trained.r_out.shape) and torch.allclose(torch.as_tensor(image.data), torch.log10(trained.r_out), equal_nan=True)
 
 
 def _chromium_offline(args):
@@ -106,10 +112,10 @@ def test_report_page_renders_offline_in_chromium(report, model, tmp_path):
     done = _chromium_offline(["--dump-dom", path.as_uri()])
     dom = done.stdout
     ids = re.findall(r'<div id="(circuits-vis-[^"]+)"', path.read_text())
-    assert len(ids) == 3
+    assert len(ids) == 2  # the favourite tokens and the attention view
     for view_id in ids:  # each view's container now holds elements React drew, not just an empty div
         assert re.search(rf'<div id="{view_id}"[^>]*><[a-z]', dom), f"view {view_id} did not render"
-    assert dom.count("<img") == 4 and "<table" in dom
+    assert dom.count("<img") == len(report.figures()) == 6 and "<table" in dom
     # read like a figure page: headline numbers first, figures before the folded tables, the text summary last
     assert re.findall(r"<h2>([^<]*)</h2>", dom)[:2] == ["Headline numbers", "Token preference"]
     assert dom.index("Headline numbers") < dom.index("<img") < dom.index("<details>") < dom.index("<pre>")

@@ -2,7 +2,6 @@
 
 import copy
 import math
-import warnings
 
 import numpy as np
 import pytest
@@ -14,8 +13,7 @@ from lens_bias import LensBiasError
 from lens_bias import seedprint as sp
 from lens_bias.core.stats import kendall_tau_b, kendall_tau_b_vectorised
 
-from ..conftest import BACKEND, requires_tl4, tiny
-
+from ..conftest import requires_tl4
 
 # ---- Kendall τ-b ----------------------------------------------------------------------------------------------
 

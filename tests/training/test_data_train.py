@@ -6,8 +6,8 @@ import torch
 
 import lens_bias
 from lens_bias import LensBiasError
-from lens_bias.models.checkpoints import load_checkpoint
 from lens_bias.core.corpora import Corpus, code, hf_dataset, prose, text_files
+from lens_bias.models.checkpoints import load_checkpoint
 from lens_bias.training.data import TokenData
 from lens_bias.training.trainer import batch_order, train
 
