@@ -74,7 +74,7 @@ class ContractionResult(Result):
 
     def summary(self, most: int = 10) -> str:
         """One line per layer, at most ``most`` (a deep model's: the embedding, every k-th layer and the final norm;
-        every row is in :meth:`to_pandas`)."""
+        every row is in ``to_pandas()``)."""
         d = self.seed_direction.numel()
         columns = list(zip(self.layers, self.inter.tolist(), self.intra.tolist(), self.energy_share.tolist()))
         shown = list(range(len(columns)))

@@ -75,7 +75,7 @@ class DecompositionResult(Result):
 
     def summary(self, most: int = 12) -> str:
         """One line per component, at most ``most`` of them (the first, the last, and those with the most shared
-        energy); a deep model's other rows are in :meth:`to_pandas`."""
+        energy); a deep model's other rows are in ``to_pandas()``."""
         columns = list(zip(self.components, self.shared_energy.tolist(), self.shared_fraction.tolist(), self.cos_to_seed.tolist(),
                            self.seed_projection.tolist(), self.cumulative_cos_to_seed.tolist()))
         shown = range(len(columns))

@@ -2,7 +2,7 @@
 
 A section is one :class:`~lens_bias.analyses.base.Analysis` subclass (it registers itself in ``SECTIONS``); all
 requested sections share one batched forward pass over the same inputs. The model's regime
-(:attr:`lens_bias.core.adapter.ModelInfo.regime`, or ``analyze(..., regime=...)``) decides the report's order and
+(``ModelInfo.regime``, or ``analyze(..., regime=...)``) decides the report's order and
 headline: a random init's opens with what it was born with (token preference, contraction, ...), a trained
 model's with the anatomy of its sink (:mod:`lens_bias.report.anatomy`), and laws that hold only at init are
 compared with only there.

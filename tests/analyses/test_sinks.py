@@ -247,7 +247,12 @@ def test_super_neurons_find_a_planted_unit():
     result = run_analyses(adapter, tokens, spec, [SuperNeurons()], progress=False, interventions=[("blocks.1.mlp.hook_post", plant)])["super_neurons"]
     units = result.units(top=1)
     w = model.blocks[1].mlp.W_out[17].detach()
-    assert result.massive_dim == int(w.abs().argmax())  # the planted unit makes the largest mean |h| at position 0
+    resid: list[torch.Tensor] = []  # mean |h| at position 0 per block output, computed directly
+    with torch.no_grad():
+        model.run_with_hooks(tokens, fwd_hooks=[("blocks.1.mlp.hook_post", plant)] + [
+            (f"blocks.{layer}.hook_resid_post", lambda x, hook: resid.append(x[:, 0].abs().mean(0))) for layer in range(2)])
+    assert result.massive_dim == int(torch.stack(resid).max(dim=0).values.argmax())
+    assert result.massive_dim in w.abs().topk(2).indices.tolist()  # the planted unit's write makes it (its top two weights lie within 5%)
     assert (units.layer[0], units.unit[0]) == (1, 17) and units.top_dims[0][0] == int(w.abs().argmax())
     assert units.writes[0] == pytest.approx(50.0 * w[result.massive_dim].item(), rel=1e-5)  # mean activation × W_out[17, j*]
     assert result.selectivity[1, 17] > 100 and result.headline()["top_unit_layer"] == 1
