@@ -122,7 +122,30 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--null-option", action="append", default=[], metavar="FIELD=VALUE",
                    help="a setting of the null, e.g. n_null=10 (seeds) or aggregate=true (analytic); repeatable")
     t.add_argument("--alpha", type=float, default=0.01, help="significance level")
+    t.add_argument("--align", choices=[m for m in seedprint.ALIGN_MODES if m], default=None,
+                   help="fit a map from B's features to A's basis on half the inputs first, test on the other half (a permuted or rotated basis)")
     t.add_argument("--json", action="store_true", help="print the result as JSON")
+
+    g = command(
+        "lineage",
+        help="SeedPrint across many models: every pair, adjusted for multiple testing, grouped into families",
+        description="Fingerprint every MODEL once (cached on disk by content), test every pair, adjust the p-values (Holm or "
+        "Benjamini-Hochberg) and group related models into families. A folder counts as the models it holds. With --labels "
+        "(which base each model descends from), also LeaFBench's metrics: AUC, accuracy/TPR/FPR at the Youden threshold, TPR at 1% FPR.",
+    )
+    g.add_argument("models", nargs="+", metavar="MODEL", help="model files, folders of them, shipped names, random-init specs")
+    g.add_argument("--labels", default=None, metavar="FILE", help="CSV (model,base) or JSON {model: base}: the base each model descends from")
+    g.add_argument("--align", choices=[m for m in seedprint.ALIGN_MODES if m], default=None, help="align each pair first (judged against an aligned seeds null)")
+    g.add_argument("--correction", choices=list(seedprint.families.CORRECTIONS), default="holm", help="multiple-testing correction")
+    g.add_argument("--alpha", type=float, default=0.01, help="level of the adjusted verdicts")
+    g.add_argument("--n", "--sequences", dest="n", type=int, default=256, help="random token sequences fingerprinted")
+    g.add_argument("--seq-len", type=int, default=32, help="tokens per sequence")
+    g.add_argument("--vocab", type=int, default=None, help="draw token IDs below this (default: the smallest vocabulary)")
+    g.add_argument("--m", type=int, default=None, help="identity dimensions (default: ratio-k × D)")
+    g.add_argument("--ratio-k", type=float, default=0.1, help="m as a share of D")
+    g.add_argument("--cache", default=None, help="fingerprint cache folder (default: $LENS_BIAS_CACHE/fingerprints)")
+    g.add_argument("--out", default=None, help="write pairs.csv, families.json and lineage.png here")
+    g.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
     tr = command(
         "train",
@@ -210,12 +233,43 @@ def _seedprint(args: argparse.Namespace) -> str:
     settings = parse_assignments(seedprint.NULLS[args.null], args.null_option, "--null-option")
     result = seedprint.lineage_test(
         seedprint.Fingerprint.load(args.a), seedprint.Fingerprint.load(args.b), m=args.m, ratio_k=args.ratio_k,
-        mode=args.mode, temperature=args.temperature, null=seedprint.null_named(args.null, **settings), alpha=args.alpha,
+        mode=args.mode, temperature=args.temperature, null=seedprint.null_named(args.null, **settings), alpha=args.alpha, align=args.align,
     )
     if args.json:
-        keys = ("p", "log10_p", "tau_bar", "z", "k", "n", "m", "mode", "null", "alpha", "same_lineage", "reason", "null_details")
+        keys = ("p", "log10_p", "tau_bar", "z", "k", "n", "m", "mode", "null", "alpha", "same_lineage", "reason", "null_details", "align", "fit_rows")
         return json.dumps({name: getattr(result, name) for name in keys}, indent=2)
     return str(result)
+
+
+def _lineage(args: argparse.Namespace) -> str:
+    labels = None
+    if args.labels is not None:
+        text = Path(args.labels).read_text()
+        if args.labels.endswith(".json"):
+            labels = json.loads(text)
+        else:
+            rows = [line.split(",") for line in text.splitlines() if line.strip()]
+            labels = {row[0].strip(): row[1].strip() for row in rows if row[0].strip() not in ("model", "name")}
+    models = seedprint.families.expand_models(args.models)
+    if labels is not None:  # a label may name a model by its path or by its file name
+        labels = {name: labels.get(name, labels.get(Path(name).name)) for name in models}
+        missing = [name for name, base in labels.items() if base is None]
+        if missing:
+            raise LensBiasError(f"{args.labels} names no base for {missing}")
+    result = seedprint.pairwise_lineage(
+        models, labels=labels, align=args.align, correction=args.correction, alpha=args.alpha, n=args.n, seq_len=args.seq_len,
+        vocab=args.vocab, m=args.m, ratio_k=args.ratio_k, cache=args.cache, progress=not args.no_progress,
+    )
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        result.to_pandas().to_csv(out / "pairs.csv", index=False)
+        (out / "families.json").write_text(json.dumps({"families": result.families, "metrics": result.metrics, "seconds": result.seconds}, indent=2))
+        try:
+            result.plot().savefig(out / "lineage.png", dpi=120)
+        except LensBiasError:  # no matplotlib: the tables only
+            pass
+    return result.summary()
 
 
 def _train(args: argparse.Namespace) -> str:
@@ -268,7 +322,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
-    commands = {"analyze": _analyze, "fingerprint": _fingerprint, "seedprint": _seedprint, "train": _train}
+    commands = {"analyze": _analyze, "fingerprint": _fingerprint, "seedprint": _seedprint, "lineage": _lineage, "train": _train}
     shown, warnings.showwarning = warnings.showwarning, _show_warning
     try:
         if getattr(args, "device", None) is not None:

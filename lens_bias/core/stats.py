@@ -1,13 +1,19 @@
-"""Small statistics shared by the analyses, each memory-light and exact."""
+"""Small statistics shared by the analyses and the lineage tests, each memory-light and exact: cosines, Kendall's
+τ-b, and the detection metrics of a lineage score (AUC, Youden's threshold, multiple-testing corrections)."""
 
 from __future__ import annotations
 
+from typing import Sequence, Union
+
+import numpy as np
 import torch
 from jaxtyping import Float
 from scipy.stats import kendalltau
 from torch import Tensor
 
-__all__ = ["mean_pairwise_cosine", "unit", "kendall_tau_b", "kendall_tau_b_vectorised"]
+from lens_bias.core.errors import LensBiasError
+
+__all__ = ["mean_pairwise_cosine", "unit", "kendall_tau_b", "kendall_tau_b_vectorised", "auc", "detection_metrics", "adjust_p"]
 
 
 def unit(x: Float[Tensor, "... d"], eps: float = 1e-12) -> Float[Tensor, "... d"]:
@@ -137,3 +143,64 @@ def kendall_tau_b_vectorised(x: Float[Tensor, "n k"], y: Float[Tensor, "n k"]) -
     concordant_minus_discordant = pairs - x_ties - y_ties + joint_ties - 2 * discordant
     denominator = ((pairs - x_ties).double() * (pairs - y_ties).double()).sqrt()
     return concordant_minus_discordant.double() / denominator
+
+
+def auc(scores: Union[Float[Tensor, "n"], Sequence[float]], labels: Sequence[bool]) -> float:
+    """Area under the ROC curve: P(score of a positive > score of a negative), ties counting one half (exact).
+
+    >>> auc([0.9, 0.8, 0.1], [True, False, False])
+    1.0
+    """
+    s, y = np.asarray(scores, dtype=float), np.asarray(labels, dtype=bool)
+    pos, neg = s[y], s[~y]
+    if not len(pos) or not len(neg):
+        raise LensBiasError(f"the AUC needs both labels; got {len(pos)} positives and {len(neg)} negatives")
+    diff = pos[:, None] - neg[None, :]
+    return float(((diff > 0).sum() + 0.5 * (diff == 0).sum()) / diff.size)
+
+
+def detection_metrics(scores: Sequence[float], labels: Sequence[bool], fpr_bar: float = 0.01) -> dict[str, float]:
+    """LeaFBench's metrics of a lineage score: AUC; accuracy, TPR and FPR at the one global threshold that maximises
+    Youden's J = TPR − FPR ("score ≥ threshold" is a positive); the TPR at an FPR of at most ``fpr_bar``.
+
+    >>> m = detection_metrics([5.0, 4.0, 1.0, 0.5], [True, True, False, False])
+    >>> m["auc"], m["accuracy"], m["tpr_at_1pct_fpr"]
+    (1.0, 1.0, 1.0)
+    """
+    s, y = np.asarray(scores, dtype=float), np.asarray(labels, dtype=bool)
+    area = auc(s, y)
+    best, at_bar = (-1.0, 0.0, 0.0, 0.0, float("inf")), 0.0
+    for threshold in np.unique(np.concatenate([s, [np.inf]])):
+        predicted = s >= threshold
+        tpr, fpr = float(predicted[y].mean()), float(predicted[~y].mean())
+        if tpr - fpr > best[0]:
+            best = (tpr - fpr, float((predicted == y).mean()), tpr, fpr, float(threshold))
+        if fpr <= fpr_bar:
+            at_bar = max(at_bar, tpr)
+    _, accuracy, tpr, fpr, threshold = best
+    return {"auc": area, "accuracy": accuracy, "tpr": tpr, "fpr": fpr, "threshold": threshold, "tpr_at_1pct_fpr": at_bar,
+            "positives": int(y.sum()), "negatives": int((~y).sum())}
+
+
+def adjust_p(p: Sequence[float], method: str = "holm") -> np.ndarray:
+    """p-values adjusted for testing them all: "holm" (family-wise error, Holm 1979) or "bh" (false discovery rate,
+    Benjamini–Hochberg 1995).
+
+    >>> adjust_p([0.01, 0.04, 0.03], "holm").round(3).tolist()
+    [0.03, 0.06, 0.06]
+    >>> adjust_p([0.01, 0.04, 0.03], "bh").round(3).tolist()
+    [0.03, 0.04, 0.04]
+    """
+    values = np.asarray(p, dtype=float)
+    m = len(values)
+    order = np.argsort(values, kind="stable")
+    ranked = values[order]
+    if method == "holm":
+        adjusted = np.maximum.accumulate(np.minimum(1.0, (m - np.arange(m)) * ranked))
+    elif method == "bh":
+        adjusted = np.minimum.accumulate(np.minimum(1.0, m * ranked / np.arange(1, m + 1))[::-1])[::-1]
+    else:
+        raise LensBiasError(f"correction must be 'holm' or 'bh', got {method!r}")
+    out = np.empty(m)
+    out[order] = adjusted
+    return out

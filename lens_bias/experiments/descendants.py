@@ -2,9 +2,11 @@
 
 LeaFBench (SeedPrints paper) fingerprints each base model's descendants — fine-tunes, merges, adapters,
 quantisations — and unrelated models, and reports the AUC of the lineage score. :func:`real_descendants` makes
-them on the spot from any TransformerLens model with :mod:`lens_bias.models.transforms` and
-:func:`lens_bias.training.trainer.fine_tune`, fingerprints the base and all of them (token inputs, analytic null)
-and tabulates τ̄, k, p and the verdict per pair, with the AUC of related vs unrelated pairs.
+them on the spot from any LLaMA-family TransformerLens model with :mod:`lens_bias.models.transforms` and
+:func:`lens_bias.training.trainer.fine_tune` — those that keep the basis, and those that reparametrise it (a
+residual permutation, a rotation with the norm gains folded, and that rotation fine-tuned or 4-bit quantised) —
+fingerprints the base and all of them, and tests each under every align mode (:mod:`lens_bias.seedprint.align`),
+with LeaFBench's metrics per mode.
 """
 
 from __future__ import annotations
@@ -14,56 +16,47 @@ import math
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence, Union
+from typing import Any, Callable, Union
 
-import numpy as np
 import pandas as pd
-from jaxtyping import Float
-from torch import Tensor
 from tqdm.auto import tqdm
 
 from lens_bias import seedprint
 from lens_bias.core.corpora import code
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.serialise import Serialisable
+from lens_bias.core.stats import detection_metrics
 from lens_bias.core.tables import markdown_table
 from lens_bias.experiments.base import Experiment, Outcome
 from lens_bias.models import load_model
 from lens_bias.models.transforms import (
     low_rank_delta,
     merge,
+    permute_residual,
     prune,
     quantize,
     random_inits,
     relative_change,
+    rotate_residual,
 )
 from lens_bias.seedprint.lineage import ALPHA, STRONG
 from lens_bias.training.data import TokenData
 from lens_bias.training.trainer import evaluate, fine_tune
 
-__all__ = ["auc", "DescendantsConfig", "DescendantsResult", "PRESETS", "real_descendants"]
+__all__ = ["DescendantsConfig", "DescendantsResult", "PRESETS", "real_descendants"]
 
 logger = logging.getLogger(__name__)
-
-
-def auc(scores: Union[Float[Tensor, "n"], Sequence[float]], labels: Sequence[bool]) -> float:
-    """Area under the ROC curve: P(score of a positive > score of a negative), ties counting one half (exact)."""
-    s, y = np.asarray(scores, dtype=float), np.asarray(labels, dtype=bool)
-    pos, neg = s[y], s[~y]
-    if not len(pos) or not len(neg):
-        raise LensBiasError(f"the AUC needs both labels; got {len(pos)} positives and {len(neg)} negatives")
-    diff = pos[:, None] - neg[None, :]
-    return float(((diff > 0).sum() + 0.5 * (diff == 0).sum()) / diff.size)
 
 
 @dataclass(frozen=True)
 class DescendantsConfig(Serialisable):
     """Sizes of the experiment; ``PRESETS`` holds the tested ones."""
 
-    # Fingerprint inputs. On SmolLM2 the weakest descendant (prune 30%) sits at z ≈ 120 with 128 inputs and 180 with
-    # 256; the cost is linear in n · seq_len.
-    n: int = 128
-    seq_len: int = 32  # tokens per input (the papers use 1024)
+    # Fingerprint inputs. On SmolLM2 the weakest basis-keeping descendant (prune 30%) sits at z ≈ 120 with 128
+    # inputs; an alignment is fitted on half of them and tested on the other half, and the orthogonal and linear
+    # maps of D = 576 dims need more fit rows than dims. The cost is linear in n · seq_len.
+    n: int = 1536
+    seq_len: int = 16  # tokens per input (the papers use 1024)
     seed: int = 42  # the inputs' seed, the papers'
     # Identity dims m = ⌊ratio_k·D⌋, as the papers' 160M toys (m 400 of D 768). Their large-model 0.1 leaves
     # unrelated models ~m²/D ≈ 5 shared dims at D 576, where the analytic null ran wide on SmolLM2 (z sd 1.5 over 10
@@ -79,25 +72,36 @@ class DescendantsConfig(Serialisable):
     finetune_batch: int = 4
     finetune_seq_len: int = 64
     merge_weight: float = 0.5  # base and fine-tune averaged
-    n_random: int = 10  # random inits of the config: the unrelated side of the AUC
+    basis_seed: int = 1  # the permutation's and the rotation's seed
+    n_random: int = 10  # random inits of the config: the unrelated side of the metrics, and the aligned tests' seeds null
     first_random_seed: int = 1_000_000  # as the seeds null's: clear of the small seeds lens_bias models are built with
     eval_blocks: int = 16  # held-out code blocks for each descendant's loss (a check that it still is a model)
+    # The tests run under each: None is the published test (analytic null); the others align first and are judged
+    # against the random inits aligned the same way (a seeds null; a random init is judged against the others).
+    align_modes: tuple = (None, "permutation", "orthogonal", "linear")
 
 
 PRESETS = {
     "default": DescendantsConfig(),
     # For tests on tiny random models: minutes become seconds, every code path still runs.
-    "tiny": DescendantsConfig(n=128, seq_len=8, finetune_steps=4, finetune_batch=4, finetune_seq_len=16, n_random=3, eval_blocks=4),
+    # n_random stays 10: an aligned test's seeds null of k inits needs z > 32 for p < 1e-10 at k = 10 (Student-t,
+    # k − 1 dof), z > 2489 at k = 4.
+    "tiny": DescendantsConfig(n=256, seq_len=8, finetune_steps=4, finetune_batch=4, finetune_seq_len=16, eval_blocks=4),
 }
+
+# Which align modes can see through each kind of descendant (a basis kept is the identity map, which every mode fits).
+_KEEPS_BASIS = (None, "permutation", "orthogonal", "linear")
+_PERMUTED = ("permutation", "orthogonal", "linear")
+_ROTATED = ("orthogonal", "linear")
 
 
 @dataclass
 class DescendantsResult:
-    """One row per pair (the base against each descendant and each random init), and the AUC over them."""
+    """One row per (target, align mode): the base against each descendant and each random init; per mode the metrics."""
 
-    table: pd.DataFrame  # pair, target, related, tau_bar, k, z, p, log10_p, verdict, expected, ok, weight_change, eval_loss
-    auc_log10_p: float  # score −log10 p, labels related / unrelated
-    auc_tau: float  # score τ̄
+    table: pd.DataFrame  # target, kind, align, covered, tau_bar, k, z, p, log10_p, verdict, expected, ok
+    models: pd.DataFrame  # target, kind, weight_change, eval_loss, seconds (to make and fingerprint it)
+    metrics: pd.DataFrame  # per align mode: LeaFBench's metrics over every pair (score −log10 p)
     base_eval_loss: float  # held-out code loss of the base (nats)
     fingerprints: dict[str, seedprint.Fingerprint]  # "base" and every target: re-test with another m or null
     config: dict[str, Any]
@@ -111,14 +115,24 @@ class DescendantsResult:
         return self.table.copy()
 
     def markdown(self) -> str:
-        """The table as markdown, the AUCs below it."""
+        """The verdicts (one column of log10 p per align mode), the models, the metrics."""
         t = self.table
-        shown = pd.DataFrame({
-            "pair": t.pair, "τ̄": t.tau_bar, "k": t.k, "log10 p": t.log10_p, "verdict": [v + ("" if ok else " ✗") for v, ok in zip(t.verdict, t.ok)],
-            "expected": t.expected, "‖Δθ‖/‖θ‖": t.weight_change, "code loss": ["" if math.isnan(v) else f"{v:.3f}" for v in t.eval_loss],
-        })
-        tail = f"AUC (score −log10 p) = {self.auc_log10_p:.4f}; AUC (score τ̄) = {self.auc_tau:.4f}; base code loss {self.base_eval_loss:.3f} nats"
-        return markdown_table(shown, formats={"τ̄": ".4f", "log10 p": ".1f", "‖Δθ‖/‖θ‖": ".3g"}) + "\n\n" + tail + "\n"
+        wide = t.pivot(index="target", columns="align", values="log10_p").reindex(self.models.target)
+        verdict = t.assign(mark=[("" if ok else "✗") for ok in t.ok]).pivot(index="target", columns="align", values="mark").reindex(self.models.target)
+        tau = t.pivot(index="target", columns="align", values="tau_bar").reindex(self.models.target)
+        modes = list(dict.fromkeys(t["align"]))
+        shown = pd.DataFrame({"target": self.models.target.values})
+        for mode in modes:
+            shown[f"{mode} τ̄"] = [f"{v:.3f}" for v in tau[mode].values]
+            shown[f"{mode} log10 p"] = [f"{v:.1f}{m}" for v, m in zip(wide[mode].values, verdict[mode].values)]
+        models = self.models.assign(eval_loss=["" if math.isnan(v) else f"{v:.3f}" for v in self.models.eval_loss])
+        return (
+            markdown_table(shown) + "\n\n(✗: not the expected verdict: related at p < 1e-10 where the mode covers the descendant, unrelated "
+            "(p ≥ 0.01) for a random init; a descendant a mode does not cover is expected nothing)\n\n"
+            + markdown_table(models, formats={"weight_change": ".3g", "seconds": ".0f"}) + "\n\n"
+            + markdown_table(self.metrics, formats={c: ".4f" for c in ("auc", "accuracy", "tpr", "fpr", "tpr_at_1pct_fpr")})
+            + f"\n\nbase code loss {self.base_eval_loss:.3f} nats\n"
+        )
 
 
 def real_descendants(
@@ -129,14 +143,17 @@ def real_descendants(
     progress: bool = True,
     **overrides: Any,
 ) -> DescendantsResult:
-    """Fingerprint ``model`` and its descendants (int8, 4-bit, pruned, LoRA delta, fine-tune, merge) and random inits.
+    """Fingerprint ``model``, its descendants and random inits of its configuration, and test the base against each
+    under every align mode.
 
-    Every descendant is expected related at p < 1e-10 and every random init unrelated (p ≥ 0.01), under the
-    analytic null with token inputs (IDs uniform below d_vocab, N ≪ V/4) and m = ⌊ratio_k·D⌋ identity dims
-    (D/2 by default: see :class:`DescendantsConfig`).
+    The descendants keep the basis (int8, 4-bit, pruned, LoRA delta, fine-tune, merge) or reparametrise it
+    (residual permutation, rotation with the norm gains folded, that rotation fine-tuned, that rotation 4-bit
+    round-tripped). A descendant is expected related at p < 1e-10 under every align mode that covers it, and every
+    random init unrelated (p ≥ 0.01) under every mode; with ``align=None`` the analytic null judges (token inputs,
+    IDs uniform below d_vocab, N ≪ V/4), with an alignment a seeds null of the random inits aligned the same way.
 
     Args:
-        model: the base, a TransformerLens model with ``model.tokenizer`` (or pass ``data``); not modified.
+        model: the base, a LLaMA-family TransformerLens model with ``model.tokenizer`` (or pass ``data``); not modified.
         config: a preset name ("default", "tiny") or a :class:`DescendantsConfig`.
         data: fine-tuning blocks (default: the code corpus packed with ``model.tokenizer``); the held-out split
             gives every model's code loss.
@@ -158,52 +175,75 @@ def real_descendants(
     def fingerprint(m: Any) -> seedprint.Fingerprint:
         return seedprint.fingerprint(m, inputs="tokens", n=cfg.n, seq_len=cfg.seq_len, seed=cfg.seed, progress=False)
 
-    total = 7 + cfg.n_random
-    bar = tqdm(total=total, desc="real descendants", disable=not progress)
+    def tune(m: Any) -> tuple[Any, float]:
+        tuned, run = fine_tune(m, cfg.finetune_steps, data=data, lr=cfg.finetune_lr, batch_size=cfg.finetune_batch, eval_blocks=cfg.eval_blocks, progress=False)
+        return tuned, run.final_eval_loss
+
+    rotated = f"rotated (seed {cfg.basis_seed})"
+    makers: list[tuple[str, tuple, Callable[[], tuple[Any, float | None]]]] = [
+        ("int8", _KEEPS_BASIS, lambda: (quantize(model, 8, cfg.group_size), None)),
+        ("4-bit", _KEEPS_BASIS, lambda: (quantize(model, 4, cfg.group_size), None)),
+        (f"prune {cfg.prune_fraction:.0%}", _KEEPS_BASIS, lambda: (prune(model, cfg.prune_fraction), None)),
+        (f"low-rank delta r{cfg.lora_rank}", _KEEPS_BASIS, lambda: (low_rank_delta(model, cfg.lora_rank, cfg.lora_scale, cfg.lora_seed), None)),
+        (f"fine-tune {cfg.finetune_steps} steps", _KEEPS_BASIS, lambda: tune(model)),
+        (f"merge(base, fine-tune) w {cfg.merge_weight:g}", _KEEPS_BASIS, lambda: (merge(model, made["tuned"], cfg.merge_weight), None)),
+        (f"permuted (seed {cfg.basis_seed})", _PERMUTED, lambda: (permute_residual(model, cfg.basis_seed), None)),
+        (rotated, _ROTATED, lambda: (made["rotated"], None)),
+        (f"{rotated}, fine-tuned {cfg.finetune_steps} steps", _ROTATED, lambda: tune(made["rotated"])),
+        (f"{rotated}, 4-bit", _ROTATED, lambda: (quantize(made["rotated"], 4, cfg.group_size), None)),
+    ]
+    bar = tqdm(total=1 + len(makers) + cfg.n_random, desc="real descendants", disable=not progress)
     base = fingerprint(model)
-    prints = {"base": base}
+    prints, rows, covers = {"base": base}, [], {}
     bar.update()
     base_loss = evaluate(model, held_out)
-    rows = []
-
-    def record(name: str, target: Any, related: bool, eval_loss: float | None = None) -> None:
+    made: dict[str, Any] = {}
+    for name, covered, make in makers:
+        began = time.perf_counter()
+        if name == rotated:
+            made["rotated"] = rotate_residual(model, cfg.basis_seed)
+        target, loss = make()
+        if name.startswith("fine-tune"):
+            made["tuned"] = target
         prints[name] = fingerprint(target)
-        res = seedprint.lineage_test(base, prints[name], ratio_k=cfg.ratio_k, alpha=ALPHA)
-        expected = f"related, p < {STRONG:g}" if related else "unrelated"
-        ok = res.p < STRONG if related else res.p >= ALPHA
-        rows.append({
-            "pair": f"base vs {name}", "target": name, "related": related, "tau_bar": res.tau_bar, "k": res.k, "z": res.z, "p": res.p,
-            "log10_p": res.log10_p, "verdict": "related" if res.same_lineage else "unrelated", "expected": expected, "ok": ok,
-            "weight_change": relative_change(model, target), "eval_loss": evaluate(target, held_out) if eval_loss is None else eval_loss,
-        })
-        logger.info("%s: τ̄ %.4f, k %d, log10 p %.1f (%.0f s so far)", name, res.tau_bar, res.k, res.log10_p, time.perf_counter() - started)
+        covers[name] = covered
+        rows.append({"target": name, "kind": "descendant", "weight_change": relative_change(model, target) if not name.startswith(("permuted", "rotated")) else float("nan"),
+                     "eval_loss": evaluate(target, held_out) if loss is None else loss, "seconds": time.perf_counter() - began})
+        logger.info("%s fingerprinted (%.0f s so far)", name, time.perf_counter() - started)
         bar.update()
-
-    makers: list[tuple[str, Callable[[], Any]]] = [
-        ("int8", lambda: quantize(model, 8, cfg.group_size)),
-        ("4-bit", lambda: quantize(model, 4, cfg.group_size)),
-        (f"prune {cfg.prune_fraction:.0%}", lambda: prune(model, cfg.prune_fraction)),
-        (f"low-rank delta r{cfg.lora_rank}", lambda: low_rank_delta(model, cfg.lora_rank, cfg.lora_scale, cfg.lora_seed)),
-    ]
-    for name, make in makers:
-        record(name, make(), related=True)  # one descendant alive at a time: each is a full copy
-    tuned, run = fine_tune(model, cfg.finetune_steps, data=data, lr=cfg.finetune_lr, batch_size=cfg.finetune_batch, eval_blocks=cfg.eval_blocks, progress=False)
-    record(f"fine-tune {cfg.finetune_steps} steps", tuned, related=True, eval_loss=run.final_eval_loss)  # on held_out already
-    record(f"merge(base, fine-tune) w {cfg.merge_weight:g}", merge(model, tuned, cfg.merge_weight), related=True)
-    del tuned
+    made.clear()
     seeds = range(cfg.first_random_seed, cfg.first_random_seed + cfg.n_random)
+    randoms = []
+    began = time.perf_counter()
     for seed, fresh in zip(seeds, random_inits(model, seeds)):
-        record(f"random init {seed}", fresh, related=False, eval_loss=float("nan"))  # ≈ ln V, nothing to learn from it
+        name = f"random init {seed}"
+        prints[name] = fingerprint(fresh)
+        randoms.append(name)
+        rows.append({"target": name, "kind": "random init", "weight_change": float("nan"), "eval_loss": float("nan"), "seconds": time.perf_counter() - began})
+        began = time.perf_counter()
+        bar.update()
     bar.close()
-    table = pd.DataFrame(rows)
+    models = pd.DataFrame(rows)
+    tests, metrics = [], []
+    for mode in cfg.align_modes:
+        scores, labels = [], []
+        for name in models.target:
+            descendant = name not in randoms
+            null = seedprint.AnalyticNull() if mode is None else seedprint.SeedsNull(
+                fingerprints=[prints[r] for r in randoms if r != name], label="random inits of the config")
+            res = seedprint.lineage_test(base, prints[name], ratio_k=cfg.ratio_k, alpha=ALPHA, align=mode, null=null)
+            covered = descendant and mode in covers[name]
+            expected = f"related, p < {STRONG:g}" if covered else "unrelated" if not descendant else "—"
+            ok = res.p < STRONG if covered else res.p >= ALPHA if not descendant else True
+            tests.append({"target": name, "kind": "descendant" if descendant else "random init", "align": str(mode), "covered": covered,
+                          "tau_bar": res.tau_bar, "k": res.k, "z": res.z, "p": res.p, "log10_p": res.log10_p,
+                          "verdict": "related" if res.same_lineage else "unrelated", "expected": expected, "ok": ok})
+            scores.append(-res.log10_p)
+            labels.append(descendant)
+        metrics.append({"align": str(mode), **detection_metrics(scores, labels)})
     return DescendantsResult(
-        table=table,
-        auc_log10_p=auc(-table.log10_p, table.related),
-        auc_tau=auc(table.tau_bar, table.related),
-        base_eval_loss=base_loss,
-        fingerprints=prints,
-        config=cfg.to_dict(),
-        seconds=time.perf_counter() - started,
+        table=pd.DataFrame(tests), models=models, metrics=pd.DataFrame(metrics), base_eval_loss=base_loss, fingerprints=prints,
+        config=cfg.to_dict(), seconds=time.perf_counter() - started,
     )
 
 

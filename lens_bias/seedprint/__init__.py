@@ -11,9 +11,14 @@ last tokens when N ≫ V): ``SeedsNull()`` judges τ̄ against fresh random init
 on the same inputs, which controls both by construction; :func:`calibrate` measures each null's false-positive
 rate.
 
+A suspect whose residual basis was permuted or rotated is aligned first (``lineage_test(..., align=...)``,
+:mod:`~lens_bias.seedprint.align`); :func:`pairwise_lineage` tests many models at once and groups them into
+families (:mod:`~lens_bias.seedprint.families`).
+
 Modules: :mod:`~lens_bias.seedprint.fingerprints` (the features), :mod:`~lens_bias.seedprint.statistic` (identity
-dimensions, τ̄), :mod:`~lens_bias.seedprint.nulls`, :mod:`~lens_bias.seedprint.lineage` (the test, ``compare``)
-and :mod:`~lens_bias.seedprint.calibration`.
+dimensions, τ̄), :mod:`~lens_bias.seedprint.align`, :mod:`~lens_bias.seedprint.nulls`,
+:mod:`~lens_bias.seedprint.lineage` (the test, ``compare``), :mod:`~lens_bias.seedprint.families` and
+:mod:`~lens_bias.seedprint.calibration`.
 
 >>> import lens_bias
 >>> small = dict(d_model=64, n_layers=2, n_heads=4, d_vocab=500, n_ctx=16)
@@ -24,7 +29,9 @@ and :mod:`~lens_bias.seedprint.calibration`.
 (True, True, 'empirical')
 """
 
+from lens_bias.seedprint.align import ALIGN_MODES
 from lens_bias.seedprint.calibration import calibrate
+from lens_bias.seedprint.families import LineageMatrix, pairwise_lineage
 from lens_bias.seedprint.fingerprints import (
     FeaturesLike,
     Fingerprint,
@@ -52,5 +59,5 @@ from lens_bias.seedprint.statistic import MODES, identity_dims, tau_null_sd
 __all__ = [
     "Fingerprint", "SeedPrintResult", "fingerprint", "lineage_test", "compare", "calibrate", "identity_dims", "tau_null_sd",
     "seed_null_fingerprints", "regenerate_inputs", "Null", "AnalyticNull", "EmpiricalNull", "SeedsNull", "null_named", "NULLS", "MODES",
-    "FeaturesLike", "ALPHA", "STRONG",
+    "FeaturesLike", "ALPHA", "STRONG", "ALIGN_MODES", "pairwise_lineage", "LineageMatrix",
 ]

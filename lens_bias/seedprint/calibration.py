@@ -29,6 +29,7 @@ def calibrate(
     nulls: Sequence[Null] = (AnalyticNull(), SeedsNull()),
     alpha: float = 0.01,
     first_seed: int = 0,
+    aligns: Sequence[str | None] = (None,),
     progress: bool = True,
     **test_kwargs: Any,
 ) -> pd.DataFrame:
@@ -51,11 +52,13 @@ def calibrate(
         nulls: the nulls to calibrate (one row each per input kind, named by their label).
         alpha: the significance level.
         first_seed: the first init seed.
+        aligns: the align modes to test each pair under (``None`` is the published test; see
+            :mod:`lens_bias.seedprint.align`): an alignment that overfits shows here as a false-positive rate.
         progress: a progress bar over models.
-        **test_kwargs: m, ratio_k, mode, temperature for :func:`~lens_bias.seedprint.lineage_test`.
+        **test_kwargs: m, ratio_k, mode, temperature, fit_fraction for :func:`~lens_bias.seedprint.lineage_test`.
 
     Returns:
-        One row per input kind and null: pairs, false positives, FPR, and the median τ̄ and log10 p.
+        One row per input kind, align mode and null: pairs, false positives, FPR, and the median τ̄ and log10 p.
     """
     kinds = [inputs] if isinstance(inputs, str) else list(inputs)
     if not all(isinstance(null, Null) for null in nulls):
@@ -63,6 +66,8 @@ def calibrate(
     # fresh inits are drawn here for the seeds nulls that bring no models of their own
     n_fresh = max((null.fresh_inits_needed() for null in nulls), default=0)
     prints: dict[str, list[Fingerprint]] = {kind: [] for kind in kinds}
+    if "align" in test_kwargs:
+        raise LensBiasError("calibrate takes aligns=[...] (every mode is tested on the same fingerprints), not align=")
     for s in tqdm(range(first_seed, first_seed + n_fresh + 2 * n_pairs), desc="calibration models", disable=not progress):
         model = factory(s)
         for kind in kinds:
@@ -70,15 +75,16 @@ def calibrate(
     rows = []
     for kind in kinds:
         fresh, pairs = prints[kind][:n_fresh], prints[kind][n_fresh:]
-        for null in nulls:
+        for align, null in ((align, null) for align in aligns for null in nulls):
             null = null.with_fresh_inits(fresh)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # the unsafe-regime warning is what this function measures
-                outcomes = [lineage_test(pairs[2 * i], pairs[2 * i + 1], null=null, alpha=alpha, **test_kwargs) for i in range(n_pairs)]
+                outcomes = [lineage_test(pairs[2 * i], pairs[2 * i + 1], null=null, alpha=alpha, align=align, **test_kwargs) for i in range(n_pairs)]
             false = sum(r.same_lineage for r in outcomes)
             rows.append(
                 {
                     "inputs": kind,
+                    "align": str(align),
                     "null": null.label,
                     "pairs": n_pairs,
                     "false_positives": false,

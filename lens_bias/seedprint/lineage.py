@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pandas as pd
@@ -28,6 +28,7 @@ from torch import Tensor
 
 from lens_bias.core.adapter import ModelAdapter
 from lens_bias.core.errors import LensBiasError
+from lens_bias.seedprint.align import ALIGN_MODES, FIT_FRACTION
 from lens_bias.seedprint.fingerprints import (
     FeaturesLike,
     as_features,
@@ -54,7 +55,7 @@ class SeedPrintResult:
     tau_bar: float  # mean Kendall τ over the identity dimensions
     z: float  # τ̄ in null standard deviations (analytic, or against the seeds null)
     k: int  # identity dimensions with a defined τ
-    n: int  # inputs compared
+    n: int  # inputs compared (with an alignment: the held-out rows)
     m: int
     mode: str
     temperature: float
@@ -69,6 +70,8 @@ class SeedPrintResult:
     # The null's own numbers (Judgement.details): AnalyticNull(aggregate=True) tau_agg and z_agg; EmpiricalNull the
     # pooled null τ's mean and std; SeedsNull each null model's τ̄ and the rank p.
     null_details: dict[str, Any] = field(default_factory=dict)
+    align: str | None = None  # the alignment fitted before the test (None: the published test)
+    fit_rows: int = 0  # rows the alignment was fitted on (the first ones); the test ran on the rest
 
     @property
     def same_lineage(self) -> bool:
@@ -84,8 +87,9 @@ class SeedPrintResult:
         extra = f" ({self.reason})" if self.reason else ""
         kind = (self.null_settings or {}).get("kind")
         rank = NULLS[kind].note(self.null_details) if self.null_details and kind in NULLS else ""
+        aligned = f", {self.align} alignment fitted on {self.fit_rows} rows" if self.align else ""
         return (
-            f"SeedPrint ({self.null} null, {self.mode} identity dims, m {self.m}, k {self.k}, n {self.n}): "
+            f"SeedPrint ({self.null} null{aligned}, {self.mode} identity dims, m {self.m}, k {self.k}, n {self.n}): "
             f"τ̄ = {self.tau_bar:.4f}, z = {self.z:.2f}, p = {self.p:.3g} (log10 {self.log10_p:.1f}{rank}) -> {verdict} at α = {self.alpha}{extra}"
         )
 
@@ -100,6 +104,8 @@ def lineage_test(
     temperature: float = 10.0,
     null: Null = AnalyticNull(),
     alpha: float = 0.01,
+    align: str | None = None,
+    fit_fraction: float = FIT_FRACTION,
     progress: bool = False,
 ) -> SeedPrintResult:
     """Do ``a`` and ``b`` share an initialisation? The SeedPrint distribution-correlation test.
@@ -116,6 +122,11 @@ def lineage_test(
             or ``SeedsNull(factory | fingerprints, label)`` (other models on the same inputs: fresh random inits
             of the base architecture by default).
         alpha: the significance level of the verdict.
+        align: ``None`` (the published test), "permutation", "orthogonal" or "linear": first fit a map from
+            ``b``'s features to ``a``'s basis on the first ``fit_fraction`` of the inputs, then test on the rest
+            (:mod:`lens_bias.seedprint.align` says which reparametrisations each mode covers). Judge it against a
+            null aligned the same way: ``SeedsNull`` and ``EmpiricalNull`` run the alignment on their own models.
+        fit_fraction: the share of the inputs the alignment is fitted on.
         progress: progress bars while a seeds null fingerprints its fresh inits.
 
     Returns:
@@ -129,9 +140,14 @@ def lineage_test(
         )
     if mode not in MODES:
         raise LensBiasError(f"mode must be one of {MODES}, got {mode!r}")
-    fa, fb = as_features(a, "a"), as_features(b, "b")
-    check_compatible(a, b, fa, fb)
-    n, d = fa.shape
+    if align not in ALIGN_MODES:
+        raise LensBiasError(f"align must be one of {ALIGN_MODES}, got {align!r}")
+    full_a, full_b = as_features(a, "a"), as_features(b, "b")
+    check_compatible(a, b, full_a, full_b)
+    fit_rows = int(fit_fraction * full_a.shape[0]) if align is not None else 0
+    if align is not None and not 3 <= fit_rows <= full_a.shape[0] - 3:
+        raise LensBiasError(f"fit_fraction {fit_fraction} of {full_a.shape[0]} inputs leaves {fit_rows} rows to fit and {full_a.shape[0] - fit_rows} to test; both need at least 3")
+    n, d = full_a.shape[0] - fit_rows, full_a.shape[1]
     if n < 3:
         raise LensBiasError(f"need at least 3 inputs, got {n}")
     m = int(ratio_k * d) if m is None else m
@@ -139,12 +155,14 @@ def lineage_test(
         raise LensBiasError(f"m must be in [1, D={d}], got {m} (with m=None it is ⌊ratio_k·D⌋)")
     null.check(a, n)
 
+    case = Case(a, b, full_a, full_b, m, mode, temperature, None, progress, full_a, align, fit_rows)  # type: ignore[arg-type]
+    fa, fb = case.split_align(full_a, full_b)
     core = tau_statistic(fa, fb, m, mode, temperature)
     dims = core.dims
     result = SeedPrintResult(
         p=1.0, log10_p=0.0, tau_bar=core.tau_bar, z=float("nan"), k=core.k, n=n, m=m, mode=mode, temperature=temperature,
         null=null.label, alpha=alpha, identity_dims=dims.tolist(), taus=core.taus.float(),
-        means_a=fa[:, dims].mean(0), means_b=fb[:, dims].mean(0), null_settings=null.to_dict(),
+        means_a=fa[:, dims].mean(0), means_b=fb[:, dims].mean(0), null_settings=null.to_dict(), align=align, fit_rows=fit_rows,
     )
     if core.k < 2:
         result.reason = (
@@ -153,7 +171,7 @@ def lineage_test(
             else "fewer than two identity dimensions with a defined τ"
         )
         return result
-    judgement = null.judge(Case(a, b, fa, fb, m, mode, temperature, core, progress))
+    judgement = null.judge(replace(case, fa=fa, fb=fb, statistic=core))
     result.log10_p = judgement.log_p / math.log(10)
     result.p = math.exp(judgement.log_p)
     result.z = judgement.z
@@ -170,7 +188,7 @@ def compare(model_a: Any, model_b: Any, *, progress: bool = True, **keywords: An
 
     ``keywords`` are those of :func:`~lens_bias.seedprint.fingerprint` (inputs, n, seq_len, seed, vocab,
     embed_std, batch_size, device, dtype) and of :func:`lineage_test` (m, ratio_k, mode, temperature, null,
-    alpha), with their defaults. Token IDs are drawn below the smaller of the two vocabularies unless ``vocab``
+    alpha, align, fit_fraction), with their defaults. Token IDs are drawn below the smaller of the two vocabularies unless ``vocab``
     is given.
     """
     unknown = sorted(set(keywords) - set(_FINGERPRINT_KEYWORDS) - set(_TEST_KEYWORDS))

@@ -38,6 +38,7 @@ from lens_bias.core.errors import LensBiasError
 from lens_bias.core.registry import Registry
 from lens_bias.core.stats import kendall_tau_b
 from lens_bias.models import ModelSpec, random_init, redraw
+from lens_bias.seedprint import align
 from lens_bias.seedprint.fingerprints import (
     FeaturesLike,
     Fingerprint,
@@ -65,21 +66,40 @@ NULLS: Registry[type["Null"]] = Registry("null")
 
 @dataclass(frozen=True)
 class Case:
-    """What a null judges: the two inputs as given, their features, the statistic on them, and the test's settings."""
+    """What a null judges: the two inputs as given, their features, the statistic on them, and the test's settings.
+
+    With an alignment the first ``fit_rows`` rows fit the map from the suspect's basis to the base's and the
+    statistic is taken on the rest: ``fa`` and ``fb`` are those test rows, ``fb`` aligned; :meth:`statistic_of`
+    runs the same split, fit and statistic on any other pair of feature matrices (a null's models, random ones).
+    """
 
     a: FeaturesLike
     b: FeaturesLike
-    fa: Float[Tensor, "n d"]
-    fb: Float[Tensor, "n d"]
+    fa: Float[Tensor, "n d"]  # the base's features on the test rows
+    fb: Float[Tensor, "n d"]  # the suspect's, aligned to the base's basis
     m: int
     mode: str
     temperature: float
     statistic: TauStatistic
     progress: bool
+    full_a: Float[Tensor, "n_all d"]  # every row of the base's features
+    align: str | None = None
+    fit_rows: int = 0
 
-    def tau_bar_against(self, other: Float[Tensor, "n d"]) -> float:
+    def split_align(self, x: Float[Tensor, "n_all d"], y: Float[Tensor, "n_all d"]) -> tuple[Tensor, Tensor]:
+        """``x`` and ``y`` on the test rows, ``y`` aligned to ``x``'s basis on the fit rows."""
+        if self.align is None:
+            return x, y
+        k = self.fit_rows
+        return x[k:], align.fit(self.align, x[:k], y[:k])(y[k:])
+
+    def statistic_of(self, x: Float[Tensor, "n_all d"], y: Float[Tensor, "n_all d"]) -> TauStatistic:
+        """The test's statistic of another pair, by the same split, alignment and identity dims."""
+        return tau_statistic(*self.split_align(x, y), self.m, self.mode, self.temperature)
+
+    def tau_bar_against(self, other: Float[Tensor, "n_all d"]) -> float:
         """τ̄ of the base against another model's features on the same inputs, by the same pipeline."""
-        return tau_statistic(self.fa, other, self.m, self.mode, self.temperature).tau_bar
+        return self.statistic_of(self.full_a, other).tau_bar
 
 
 @dataclass(frozen=True)
@@ -209,11 +229,11 @@ class EmpiricalNull(Null):
 
     def judge(self, case: Case) -> Judgement:
         generator = torch.Generator().manual_seed(self.seed)
-        shape = tuple(case.fa.shape)
+        shape = tuple(case.full_a.shape)
         pooled = []
-        for _ in range(self.n_trials):
+        for _ in range(self.n_trials):  # random features through the whole pipeline, the alignment included
             ra, rb = torch.randn(shape, generator=generator), torch.randn(shape, generator=generator)
-            taus = tau_statistic(ra, rb, case.m, case.mode, case.temperature).taus
+            taus = case.statistic_of(ra, rb).taus
             pooled.append(taus[~torch.isnan(taus)])
         null_taus = torch.cat(pooled).numpy()
         stat = case.statistic
@@ -294,7 +314,7 @@ class SeedsNull(Null):
             prints = seed_null_fingerprints(case.a, n_null=self.n_null, factory=self.factory, first_seed=1_000_000 + self.seed, avoid=avoid, progress=case.progress)
         null = []
         for other in prints:
-            check_compatible(case.a, other, case.fa, other.features)
+            check_compatible(case.a, other, case.full_a, other.features)
             tau = case.tau_bar_against(other.features)
             if not math.isnan(tau):
                 null.append(tau)

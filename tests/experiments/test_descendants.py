@@ -12,9 +12,12 @@ from scipy.stats import mannwhitneyu
 import lens_bias
 from lens_bias import LensBiasError, seedprint
 from lens_bias.core.corpora import Corpus, code
+from lens_bias.core.inputs import text_tokens
+from lens_bias.core.stats import auc
 from lens_bias.experiments import descendants as D
 from lens_bias.models import transforms as T
 from lens_bias.models.architectures.base import is_bias
+from lens_bias.seedprint.align import ALIGN_MODES
 from lens_bias.training import fine_tune
 from lens_bias.training.data import TokenData
 
@@ -200,31 +203,45 @@ def test_token_data_packs_with_a_pretrained_tokenizer(code_blocks, tmp_path):
 
 
 def test_auc_is_the_mann_whitney_probability():
-    assert D.auc([3, 2, 1], [True, False, False]) == 1.0
-    assert D.auc([1, 2], [True, False]) == 0.0
-    assert D.auc([1, 1], [True, False]) == 0.5
+    assert auc([3, 2, 1], [True, False, False]) == 1.0
+    assert auc([1, 2], [True, False]) == 0.0
+    assert auc([1, 1], [True, False]) == 0.5
     scores = torch.randn(40, generator=torch.Generator().manual_seed(0))
     labels = [i % 3 == 0 for i in range(40)]
     pos, neg = scores[[i for i in range(40) if labels[i]]], scores[[i for i in range(40) if not labels[i]]]
     u = mannwhitneyu(pos.double().numpy(), neg.double().numpy()).statistic
-    assert math.isclose(D.auc(scores, labels), u / (len(pos) * len(neg)))
+    assert math.isclose(auc(scores, labels), u / (len(pos) * len(neg)))
     with pytest.raises(LensBiasError):
-        D.auc([1.0, 2.0], [True, True])
+        auc([1.0, 2.0], [True, True])
 
 
 def test_experiment_on_a_tiny_model(code_blocks):
-    model = tiny("llama", d_vocab=512)
+    model = tiny("llama", d_vocab=1024)  # the analytic null wants N ≤ V/4 token inputs (the tiny preset's N is 256)
     before = state_copy(model)
     result = D.real_descendants(model, "tiny", data=code_blocks, progress=False)
     assert_same_state(model, before)
-    table = result.to_pandas()
-    assert len(table) == 6 + 3 and table.related.sum() == 6
-    assert set(result.fingerprints) == {"base", *table.target}
-    # at 128 inputs sd(τ) = 0.084, so with k ≈ 30 p < 1e-10 needs τ̄ > 0.1; the descendants are above 0.9
-    assert (table[table.related].log10_p < -10).all()
-    assert (table[~table.related].p >= 0.01).all()  # measured: |z| < 1.5 for the three inits
-    assert result.all_as_expected and result.auc_log10_p == result.auc_tau == 1.0
-    assert "| base vs int8 |" in result.markdown() and "AUC" in result.markdown()
+    table, config = result.to_pandas(), D.PRESETS["tiny"]
+    models = result.models
+    assert (models.kind == "descendant").sum() == 10 and (models.kind == "random init").sum() == config.n_random
+    assert len(table) == len(config.align_modes) * len(models) and set(result.fingerprints) == {"base", *models.target}
+    # every descendant under every mode that covers it; the random inits under every mode (judged against the other
+    # inits aligned the same way) are 40 tests of unrelated models at α 0.01, and Binomial(40, 0.01) exceeds 2 with
+    # probability 0.008 (measured: 0 on TL 4, 1 on TL 3, an analytic p of 0.003)
+    assert (table[table.covered].log10_p < -10).all()
+    assert (table[table.kind == "random init"].p < 0.01).sum() <= 2
+    expected = [p < 1e-10 if covered else p >= 0.01 if kind == "random init" else True for p, covered, kind in zip(table.p, table.covered, table.kind)]
+    assert table.ok.tolist() == expected and result.all_as_expected == all(expected)
+    by_mode = {mode: rows.set_index("target") for mode, rows in table.groupby("align")}
+    permuted, rotated = (next(t for t in models.target if t.startswith(s)) for s in ("permuted", "rotated"))
+    assert by_mode["None"].loc[permuted].p > 1e-3 and by_mode["None"].loc[rotated].p > 1e-3  # the published test is fooled
+    assert by_mode["permutation"].loc[permuted].covered and not by_mode["permutation"].loc[rotated].covered
+    # LeaFBench's metrics per mode, over every pair, from the table's own scores (−log10 p)
+    for mode, rows in by_mode.items():
+        metrics = result.metrics.set_index("align").loc[mode]
+        assert metrics.auc == pytest.approx(auc(-rows.log10_p.values, (rows.kind == "descendant").values))
+    assert result.metrics.set_index("align").loc[["orthogonal", "linear"], "auc"].eq(1.0).all()
+    assert result.metrics.set_index("align").loc["None", "auc"] < 1.0  # reparametrised descendants score like random inits
+    assert f"| {permuted} |" in result.markdown() and "tpr_at_1pct_fpr" in result.markdown()
 
 
 # ---- the real model ----------------------------------------------------------------------------------------------
@@ -259,3 +276,46 @@ def test_smollm2_int8_and_pruned_descendants_are_related(smollm2, base_print):
 def test_smollm2_random_init_is_unrelated(smollm2, base_print):
     result = _real_test(base_print, next(T.random_inits(smollm2, [1_000_000])))
     assert result.p >= 0.01  # measured: τ̄ −0.003 / 0.005 (z −0.5 / 1.0)
+
+
+@pytest.mark.parametrize("transform", [T.permute_residual, T.rotate_residual], ids=["permuted", "rotated"])
+def test_smollm2_reparametrised_keeps_its_logits_on_real_text(smollm2, transform):
+    tokens = text_tokens(smollm2.tokenizer, 2, 32)
+    before = state_copy(smollm2)
+    moved = transform(smollm2, seed=1)
+    assert_same_state(smollm2, before)
+    with torch.no_grad():
+        base, out = smollm2(tokens), moved(tokens)
+    # float32 rounding through 30 layers, sums of 576 products each: measured max |Δ| 7e-5 (permuted) and 1.1e-4
+    # (rotated) on logits up to 34
+    assert (out - base).abs().max() <= 2e-5 * base.abs().max()
+
+
+# The alignment is fitted on half the inputs and the orthogonal and linear maps of D = 576 dims need more fit rows
+# than dims: 1400 inputs of 4 tokens (700 fit, 700 test), about as cheap as 350 of 16. At n 700 sd(τ) = 0.025, so
+# p < 1e-10 over k ≈ 288 dims needs τ̄ > 6.5 · 0.025/√288 = 0.01; the calibration above keeps the analytic null's
+# FPR at α on held-out rows.
+ALIGNED = dict(n=1400, seq_len=4)
+
+
+@pytest.fixture(scope="module")
+def aligned_prints(smollm2):
+    rotated = T.rotate_residual(smollm2, seed=1)
+    models = {"base": smollm2, "permuted": T.permute_residual(smollm2, seed=1), "rotated": rotated,
+              "rotated 4-bit": T.quantize(rotated, bits=4), "random init": next(T.random_inits(smollm2, [1_000_000]))}
+    return {name: seedprint.fingerprint(m, **ALIGNED, progress=False) for name, m in models.items()}
+
+
+def test_smollm2_reparametrised_descendants_are_found_once_aligned(aligned_prints):
+    base = aligned_prints["base"]
+
+    def test(name, align):
+        return seedprint.lineage_test(base, aligned_prints[name], ratio_k=RATIO, align=align)
+
+    # measured: τ̄ 1.000 for permuted and rotated, 0.75 for rotated 4-bit, under the modes that cover them
+    assert test("permuted", "permutation").log10_p < -10 and test("permuted", "permutation").tau_bar > 0.99
+    for mode in ("orthogonal", "linear"):
+        for name in ("permuted", "rotated", "rotated 4-bit"):
+            assert test(name, mode).log10_p < -10, (name, mode)
+    for mode in ALIGN_MODES:
+        assert test("random init", mode).p >= 0.01, mode

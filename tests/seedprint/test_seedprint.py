@@ -12,6 +12,7 @@ import lens_bias
 from lens_bias import LensBiasError
 from lens_bias import seedprint as sp
 from lens_bias.core.stats import kendall_tau_b, kendall_tau_b_vectorised
+from lens_bias.seedprint.align import ALIGN_MODES
 
 from ..conftest import requires_tl4
 
@@ -298,6 +299,22 @@ def test_seeds_null_controls_false_positives_on_independent_models(record_proper
     tolerance = 4 * math.sqrt(alpha / 2 * (1 - alpha / 2) / pairs)
     assert abs(table.loc[("tokens", "analytic"), "fpr"] - alpha / 2) <= tolerance
     assert table.loc[("embeddings", "analytic"), "fpr"] >= 1 - tolerance
+
+
+@pytest.mark.slow
+def test_aligned_tests_keep_their_false_positive_rate(record_property):
+    # an alignment is fitted on the first half of the inputs between two unrelated models; if it overfit, the held-out
+    # half would look related. 100 pairs at α 0.01: the FPR is binomial around ≤ α (seeds null: a Student-t
+    # predictive of size α; analytic: one-sided, size α/2), so 4 sd of Binomial(100, α) above α bounds it.
+    table = sp.calibrate(llama_factory(), inputs="tokens", n_pairs=100, n=500, seq_len=32, m=32, aligns=ALIGN_MODES[1:], progress=False)
+    record_property("aligned calibration", table.to_dict())
+    print(f"\naligned calibration, 100 pairs (d 64, 2 layers, V 8000, N 500 of which 250 fit the map, T 32):\n{table}")
+    assert len(table) == 3 * 2 and set(table["align"]) == set(ALIGN_MODES[1:])
+    alpha, pairs = 0.01, 100
+    assert (table.fpr <= alpha + 4 * math.sqrt(alpha * (1 - alpha) / pairs)).all()
+    # the held-out τ̄ of unrelated models stays near 0: sd(τ̄) ≈ √(2(2n+5)/(9n(n−1)))/√k = 0.042/√16 = 0.011 at n 250
+    # and k ≈ m²/D = 16 shared dims; the median of 100 pairs lies far inside 4 of them (measured ≤ 0.007)
+    assert (table.median_tau_bar.abs() < 4 * 0.011).all()
 
 
 def test_analytic_null_on_gaussian_features_through_the_whole_pipeline():

@@ -1,0 +1,82 @@
+"""Aligning a suspect's features to the base's basis before the lineage test: what a reparametrised basis needs.
+
+SeedPrint compares dimension j of one model with dimension j of the other, so a model whose residual basis was
+permuted or rotated (a function-preserving reparametrisation: :func:`lens_bias.models.transforms.permute_residual`,
+:func:`~lens_bias.models.transforms.rotate_residual`, rotation-based quantisation) looks unrelated. An alignment
+fits a map from the suspect's features to the base's on one part of the inputs; the lineage test then runs on the
+held-out rest, in the base's basis.
+
+| mode | the map fitted on the fit rows | covers |
+|---|---|---|
+| ``None`` | none (the published test, on every row) | descendants that keep the basis: quantisation, pruning, fine-tunes, merges, adapters |
+| ``"permutation"`` | the dimension matching that maximises the summed correlation (Hungarian assignment) | permuted residual dimensions |
+| ``"orthogonal"`` | orthogonal Procrustes on the centred features | rotations of the residual stream, with the norm gains folded or not (the features are read before the final norm's gain); permutations too |
+| ``"linear"`` | least squares (a small ridge) on the centred features | any invertible linear change of basis, e.g. rotations followed by per-dimension scalings |
+
+No mode covers a different width, or distillation into a fresh init (a different initialisation by construction).
+The more a mode can fit, the more it can also fit between unrelated models: judge aligned tests against a null
+that is aligned the same way (``SeedsNull``), and measure each mode's false-positive rate with
+:func:`lens_bias.seedprint.calibrate` (``align=``).
+
+>>> import torch
+>>> a = torch.randn(400, 8)
+>>> aligned = fit("permutation", a[:200], a[:200, [3, 1, 0, 2, 7, 6, 5, 4]])
+>>> torch.equal(aligned(a[200:, [3, 1, 0, 2, 7, 6, 5, 4]]), a[200:])
+True
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from jaxtyping import Float
+from scipy.optimize import linear_sum_assignment
+from torch import Tensor
+
+from lens_bias.core.errors import LensBiasError
+
+__all__ = ["ALIGN_MODES", "fit", "FIT_FRACTION"]
+
+ALIGN_MODES = (None, "permutation", "orthogonal", "linear")
+# Share of the inputs (the first rows) an alignment is fitted on; the test runs on the rest.
+FIT_FRACTION = 0.5
+# Ridge of the linear map, relative to the mean variance of the suspect's features: keeps the fit defined when the
+# fit rows are fewer than the dimensions.
+_RIDGE = 1e-6
+
+Aligner = Callable[[Float[Tensor, "n d"]], Float[Tensor, "n d"]]
+
+
+def fit(mode: str, base: Float[Tensor, "n d"], suspect: Float[Tensor, "n d"]) -> Aligner:
+    """The map that takes the suspect's features into the base's basis, fitted on these rows.
+
+    Args:
+        mode: "permutation", "orthogonal" or "linear" (see the module docstring).
+        base: the base model's features on the fit rows.
+        suspect: the suspect's features on the same rows.
+
+    Returns:
+        A function from suspect features ``[n, d]`` (any rows) to features in the base's basis.
+    """
+    if base.shape != suspect.shape or base.ndim != 2:
+        raise LensBiasError(f"alignment needs two feature matrices of one shape [n, d], got {tuple(base.shape)} and {tuple(suspect.shape)}")
+    a, b = base.double(), suspect.double()
+    if mode == "permutation":
+        ca, cb = a - a.mean(0), b - b.mean(0)
+        corr = (ca / ca.norm(dim=0).clamp_min(1e-12)).T @ (cb / cb.norm(dim=0).clamp_min(1e-12))  # [d_a, d_b]
+        rows, cols = linear_sum_assignment(corr.numpy(), maximize=True)
+        order = torch.as_tensor(cols[rows.argsort()], dtype=torch.long)  # base dim i <- suspect dim order[i]
+        return lambda x: x[:, order]
+    mean_a, mean_b = a.mean(0), b.mean(0)
+    ca, cb = a - mean_a, b - mean_b
+    if mode == "orthogonal":
+        u, _, vh = torch.linalg.svd(cb.T @ ca, full_matrices=False)
+        q = u @ vh  # argmin over orthogonal Q of ‖cb·Q − ca‖
+        return lambda x: (x.double() @ q).to(x.dtype)
+    if mode == "linear":
+        gram = cb.T @ cb
+        ridge = _RIDGE * gram.diagonal().mean() * torch.eye(gram.shape[0], dtype=gram.dtype)
+        w = torch.linalg.solve(gram + ridge, cb.T @ ca)
+        return lambda x: (x.double() @ w).to(x.dtype)
+    raise LensBiasError(f"align must be one of {ALIGN_MODES}, got {mode!r}")

@@ -1,0 +1,354 @@
+"""Lineage across many models: fingerprint each once, test every pair, correct for testing them all, group the
+models into families, and score the verdicts against known bases with LeaFBench's metrics.
+
+:func:`pairwise_lineage` takes MODEL strings (files, folders of them, shipped names, random-init specs: anything
+:func:`lens_bias.models.load_model` reads), loaded models or fingerprints. A model's fingerprint is cached on disk
+under the SHA-256 of its file's content (every file of a Hugging Face folder; the text of a random-init spec)
+and the input spec, so a re-run reads it instead of loading the model. Every unordered pair is tested once (the
+first as the base); the p-values are adjusted for the M·(M−1)/2 tests (Holm, or Benjamini–Hochberg), and the
+models that are related after adjustment, directly or through others, form a family.
+
+With an alignment (``align="permutation" | "orthogonal" | "linear"``) each pair is judged against a seeds null
+aligned the same way: fresh random inits of the base's configuration (:func:`lens_bias.models.transforms.random_inits`),
+fingerprinted on the same inputs and cached like the models.
+
+>>> import lens_bias
+>>> tiny = "llama:d=32,L=1,H=4,V=500,ctx=8"
+>>> result = pairwise_lineage([f"{tiny},seed=1", f"{tiny},seed=2"], n=64, seq_len=8, m=16, progress=False, cache=False)
+>>> result.names, result.families
+(['llama:d=32,L=1,H=4,V=500,ctx=8,seed=1', 'llama:d=32,L=1,H=4,V=500,ctx=8,seed=2'], [['llama:d=32,L=1,H=4,V=500,ctx=8,seed=1'], ['llama:d=32,L=1,H=4,V=500,ctx=8,seed=2']])
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence, Union
+
+import pandas as pd
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from lens_bias.core.adapter import ModelAdapter
+from lens_bias.core.corpora import cache_dir
+from lens_bias.core.errors import LensBiasError
+from lens_bias.core.figures import new_figure
+from lens_bias.core.serialise import Serialisable
+from lens_bias.core.stats import adjust_p, detection_metrics
+from lens_bias.models import SHIPPED, load_model, shipped_gguf
+from lens_bias.models.transforms import random_inits
+from lens_bias.seedprint.align import ALIGN_MODES
+from lens_bias.seedprint.fingerprints import Fingerprint, fingerprint
+from lens_bias.seedprint.lineage import ALPHA, lineage_test
+from lens_bias.seedprint.nulls import AnalyticNull, Null, SeedsNull
+
+__all__ = ["pairwise_lineage", "LineageMatrix", "expand_models", "CORRECTIONS"]
+
+logger = logging.getLogger(__name__)
+
+CORRECTIONS = ("holm", "bh")
+_MODEL_FILES = (".gguf", ".pt", ".safetensors")
+_NULL_FIRST_SEED = 1_000_000  # fresh inits of the null: seeds clear of those models are built with
+
+
+@dataclass
+class LineageMatrix(Serialisable):
+    """Every pair's lineage test, adjusted for testing them all, the families, and (with labels) the metrics."""
+
+    names: list[str]
+    tau_bar: Float[Tensor, "m m"]  # symmetric; the diagonal NaN
+    log10_p: Float[Tensor, "m m"]  # raw
+    p_adjusted: Float[Tensor, "m m"]  # adjusted for the m·(m−1)/2 tests by ``correction``
+    related: Bool[Tensor, "m m"]  # p_adjusted < alpha
+    families: list[list[str]]
+    correction: str
+    alpha: float
+    align: str | None
+    null: dict[str, Any]  # the null's settings (its to_dict())
+    inputs: dict[str, Any]  # the fingerprints' input record
+    seconds: dict[str, float] = field(default_factory=dict)  # per model: fingerprinting (0 when read from the cache)
+    labels: list[str] | None = None  # the base each model descends from, when known
+    metrics: dict[str, float] | None = None  # LeaFBench's, over every pair, score −log10 p
+
+    def to_pandas(self) -> pd.DataFrame:
+        """One row per pair: τ̄, log10 p, the adjusted p, the verdict and, with labels, whether they share a base."""
+        rows = []
+        for i in range(len(self.names)):
+            for j in range(i + 1, len(self.names)):
+                row = {"a": self.names[i], "b": self.names[j], "tau_bar": self.tau_bar[i, j].item(), "log10_p": self.log10_p[i, j].item(),
+                       "p_adjusted": self.p_adjusted[i, j].item(), "related": bool(self.related[i, j])}
+                if self.labels is not None:
+                    row["same_base"] = self.labels[i] == self.labels[j]
+                rows.append(row)
+        return pd.DataFrame(rows)
+
+    def summary(self) -> str:
+        test = f"aligned ({self.align}) " if self.align else ""
+        lines = [f"lineage of {len(self.names)} models: {test}SeedPrint on {self.inputs.get('n')} × {self.inputs.get('seq_len')} {self.inputs.get('kind')}, "
+                 f"{self.null.get('label', self.null.get('kind'))} null; {len(self.names) * (len(self.names) - 1) // 2} pairs, "
+                 f"{'Holm' if self.correction == 'holm' else 'Benjamini–Hochberg'}-adjusted at α {self.alpha}",
+                 f"  {len(self.families)} famil{'y' if len(self.families) == 1 else 'ies'}:"]
+        lines += [f"    {', '.join(family)}" for family in self.families]
+        if self.metrics is not None:
+            m = self.metrics
+            lines.append(f"  against the labels: AUC {m['auc']:.4f}; at Youden's threshold accuracy {m['accuracy']:.4f}, TPR {m['tpr']:.4f}, "
+                         f"FPR {m['fpr']:.4f}; TPR at 1% FPR {m['tpr_at_1pct_fpr']:.4f} ({m['positives']} related and {m['negatives']} unrelated pairs)")
+        return "\n".join(lines)
+
+    def plot(self) -> Any:
+        """The pairwise −log10 p matrix (raw p, capped at 300), models ordered by family, each family outlined."""
+        order = [self.names.index(name) for family in self.families for name in family]
+        score = (-self.log10_p).clamp(max=300.0).nan_to_num(300.0)[order][:, order]
+        size = max(4.0, 0.35 * len(order) + 2)
+        fig = new_figure(size + 1.5, size)
+        ax = fig.subplots()
+        image = ax.imshow(score.numpy(), cmap="magma", vmin=0, interpolation="nearest")
+        labels = [self.names[i] for i in order]
+        ax.set_xticks(range(len(labels)), [_short(n) for n in labels], rotation=90, fontsize=7)
+        ax.set_yticks(range(len(labels)), [_short(n) for n in labels], fontsize=7)
+        start = 0
+        from matplotlib.patches import Rectangle  # matplotlib is there: new_figure made the figure
+
+        for family in self.families:
+            ax.add_patch(Rectangle((start - 0.5, start - 0.5), len(family), len(family), fill=False, edgecolor="#3cf", linewidth=2))
+            start += len(family)
+        ax.set_title(f"−log10 p, families outlined ({self.correction}-adjusted, α {self.alpha})", fontsize=9)
+        fig.colorbar(image, ax=ax)
+        return fig
+
+
+def _short(name: str, width: int = 28) -> str:
+    return name if len(name) <= width else "…" + name[-(width - 1):]
+
+
+def expand_models(sources: Sequence[str]) -> list[str]:
+    """MODEL strings with every folder that is not itself a Hugging Face model replaced by the models it holds
+    (its ``.gguf``, ``.pt`` and ``.safetensors`` files and its Hugging Face subfolders), in name order."""
+    out: list[str] = []
+    for source in sources:
+        path = Path(source)
+        if path.is_dir() and not (path / "config.json").exists():
+            found = sorted(str(p) for p in path.iterdir() if (p.is_file() and p.suffix in _MODEL_FILES) or (p.is_dir() and (p / "config.json").exists()))
+            if not found:
+                raise LensBiasError(f"{source} holds no model: no .gguf, .pt or .safetensors file, no Hugging Face folder")
+            out += found
+        else:
+            out.append(source)
+    return out
+
+
+def _content_key(source: str) -> str:
+    """SHA-256 of what a MODEL string names: the file's bytes, every file of a folder, or the string itself."""
+    digest = hashlib.sha256()
+    path = Path(shipped_gguf(source)) if source in SHIPPED else Path(source)
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path] if path.is_file() else []
+    if not files:  # a random-init spec or a hub name: the text is the identity
+        digest.update(source.encode())
+    for file in files:
+        digest.update(str(file.relative_to(path) if path.is_dir() else file.name).encode())
+        with open(file, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 22), b""):
+                digest.update(block)
+    return digest.hexdigest()[:32]
+
+
+class _Cache:
+    """Fingerprints on disk, keyed by model content and input spec (``cache=False``: none)."""
+
+    def __init__(self, folder: Union[str, Path, None, bool]):
+        self.folder = None if folder is False else Path(folder) if folder not in (None, True) else cache_dir() / "fingerprints"
+
+    def path(self, key: str, spec: Mapping[str, Any]) -> Path | None:
+        if self.folder is None:
+            return None
+        spec_key = hashlib.sha256(json.dumps(dict(spec), sort_keys=True).encode()).hexdigest()[:16]
+        return self.folder / f"{key}-{spec_key}.pt"
+
+    def load(self, key: str, spec: Mapping[str, Any]) -> Fingerprint | None:
+        path = self.path(key, spec)
+        return Fingerprint.load(path) if path is not None and path.exists() else None
+
+    def save(self, key: str, spec: Mapping[str, Any], fp: Fingerprint) -> None:
+        path = self.path(key, spec)
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fp.save(path)
+
+
+def pairwise_lineage(
+    models: Sequence[Union[str, Any, Fingerprint]],
+    *,
+    names: Sequence[str] | None = None,
+    labels: Union[Sequence[str], Mapping[str, str], None] = None,
+    align: str | None = None,
+    null: Null | None = None,
+    n_null: int = 10,
+    correction: str = "holm",
+    alpha: float = ALPHA,
+    n: int = 256,
+    seq_len: int = 32,
+    seed: int = 42,
+    vocab: int | None = None,
+    m: int | None = None,
+    ratio_k: float = 0.1,
+    cache: Union[str, Path, bool, None] = None,
+    progress: bool = True,
+) -> LineageMatrix:
+    """Test every pair of ``models`` for shared lineage, adjust for the number of tests, and find the families.
+
+    Args:
+        models: MODEL strings (a folder of models counts as its models: :func:`expand_models`), loaded TransformerLens
+            models, or :class:`~lens_bias.seedprint.Fingerprint` objects made on the same inputs.
+        names: what to call them (default: the MODEL strings; ``model i`` for objects).
+        labels: the base each model descends from (a list in model order, or ``{name: base}``); with them the
+            result carries LeaFBench's metrics over every pair (related = same base).
+        align: ``None`` or an alignment mode (:mod:`lens_bias.seedprint.align`); with one, the default null is a
+            seeds null of ``n_null`` random inits of each base's configuration, aligned the same way.
+        null: the null of every pair's test instead (default: the analytic null without alignment).
+        n_null: fresh random inits per configuration of the aligned default null.
+        correction: "holm" (family-wise error) or "bh" (false discovery rate).
+        alpha: the level of the adjusted verdicts.
+        n: random token sequences fingerprinted.
+        seq_len: tokens per sequence.
+        seed: seed of the inputs.
+        vocab: token IDs are drawn below this (default: the smallest vocabulary among the models).
+        m: identity dimensions (default ⌊ratio_k · D⌋).
+        ratio_k: as in :func:`~lens_bias.seedprint.lineage_test`.
+        cache: a folder for fingerprints (default ``$LENS_BIAS_CACHE/fingerprints``), or False for none.
+        progress: a progress bar over the models.
+
+    Returns:
+        A :class:`LineageMatrix`.
+    """
+    sources = expand_models(list(models)) if all(isinstance(x, str) for x in models) else list(models)
+    if len(sources) < 2:
+        raise LensBiasError(f"lineage needs at least 2 models, got {len(sources)}")
+    if correction not in CORRECTIONS:
+        raise LensBiasError(f"correction must be one of {CORRECTIONS}, got {correction!r}")
+    if align not in ALIGN_MODES:
+        raise LensBiasError(f"align must be one of {ALIGN_MODES}, got {align!r}")
+    names = [str(x) if isinstance(x, str) else f"model {i}" for i, x in enumerate(sources)] if names is None else list(names)
+    if len(names) != len(sources) or len(set(names)) != len(names):
+        raise LensBiasError(f"names must be {len(sources)} distinct strings, one per model")
+    store = _Cache(cache)
+    keys = [_content_key(x) if isinstance(x, str) else None for x in sources]
+    loaded: dict[int, Any] = {}
+
+    def model_of(i: int) -> Any:
+        if i not in loaded:
+            loaded[i] = load_model(sources[i]) if isinstance(sources[i], str) else sources[i]
+        return loaded[i]
+
+    if vocab is None:
+        vocab = min(int(x.inputs.get("vocab") or x.model["d_vocab"]) if isinstance(x, Fingerprint) else _vocab(store, keys[i], model_of, i)
+                    for i, x in enumerate(sources))
+    spec = {"inputs": "tokens", "n": n, "seq_len": seq_len, "seed": seed, "vocab": vocab}
+    prints, seconds = [], {}
+    for i in tqdm(range(len(sources)), desc="fingerprints", disable=not progress):
+        started = time.perf_counter()
+        if isinstance(sources[i], Fingerprint):
+            fp = sources[i]
+        else:
+            fp = store.load(keys[i], spec) if keys[i] is not None else None
+            if fp is None:
+                fp = fingerprint(model_of(i), inputs="tokens", n=n, seq_len=seq_len, seed=seed, vocab=vocab, progress=False)
+                if keys[i] is not None:
+                    store.save(keys[i], spec, fp)
+        prints.append(fp)
+        seconds[names[i]] = time.perf_counter() - started
+        loaded.pop(i, None)  # one model in memory at a time
+    nulls: dict[int, Null] = {}
+
+    def null_of(i: int) -> Null:  # the null base i is judged against, made when first needed
+        if i not in nulls:
+            nulls[i] = null if null is not None else AnalyticNull() if align is None else _aligned_null(
+                store, keys[i], lambda: model_of(i), prints[i], n_null, spec)
+        return nulls[i]
+
+    size = len(sources)
+    tau, log10_p = torch.full((size, size), float("nan")), torch.zeros(size, size)
+    pairs = [(i, j) for i in range(size) for j in range(i + 1, size)]
+    for i, j in tqdm(pairs, desc="pairs", disable=not progress):
+        res = lineage_test(prints[i], prints[j], m=m, ratio_k=ratio_k, null=null_of(i), alpha=alpha, align=align)
+        tau[i, j] = tau[j, i] = res.tau_bar
+        log10_p[i, j] = log10_p[j, i] = res.log10_p
+    adjusted_flat = adjust_p([10 ** log10_p[i, j].item() for i, j in pairs], correction)
+    adjusted = torch.ones(size, size)
+    for (i, j), value in zip(pairs, adjusted_flat):
+        adjusted[i, j] = adjusted[j, i] = float(value)
+    related = adjusted < alpha
+    related.fill_diagonal_(False)
+    label_list = _labels(labels, names)
+    metrics = None
+    if label_list is not None:
+        same = [label_list[i] == label_list[j] for i, j in pairs]
+        if any(same) and not all(same):
+            metrics = detection_metrics([-log10_p[i, j].item() for i, j in pairs], same)
+    return LineageMatrix(
+        names=names, tau_bar=tau, log10_p=log10_p, p_adjusted=adjusted, related=related, families=_families(names, related),
+        correction=correction, alpha=alpha, align=align, null=null_of(0).to_dict(), inputs={"kind": "tokens", **spec}, seconds=seconds,
+        labels=label_list, metrics=metrics,
+    )
+
+
+def _vocab(store: _Cache, key: str | None, model_of: Any, i: int) -> int:
+    """A model's vocabulary size, from its card in the cache when there is one (so a cached model is not loaded)."""
+    card = store.folder / f"{key}.json" if store.folder is not None and key is not None else None
+    if card is not None and card.exists():
+        return int(json.loads(card.read_text())["d_vocab"])
+    d_vocab = ModelAdapter(model_of(i)).info.d_vocab
+    if card is not None:
+        card.parent.mkdir(parents=True, exist_ok=True)
+        card.write_text(json.dumps({"d_vocab": d_vocab}))
+    return d_vocab
+
+
+def _aligned_null(store: _Cache, key: str | None, load: Any, base: Fingerprint, n_null: int, spec: Mapping[str, Any]) -> Null:
+    """A seeds null of ``n_null`` random inits of the base's configuration on its inputs (cached with the model)."""
+    seeds = range(_NULL_FIRST_SEED, _NULL_FIRST_SEED + n_null)
+    prints = [store.load(f"{key}-init{s}", spec) if key is not None else None for s in seeds]
+    if any(fp is None for fp in prints):
+        prints = []
+        for s, fresh in zip(seeds, random_inits(load(), seeds)):
+            fp = fingerprint(fresh, inputs="tokens", n=base.n, seq_len=base.inputs["seq_len"], seed=base.inputs["seed"], vocab=base.inputs["vocab"], progress=False)
+            if key is not None:
+                store.save(f"{key}-init{s}", spec, fp)
+            prints.append(fp)
+    return SeedsNull(fingerprints=prints, label=f"{n_null} random inits of its configuration")
+
+
+def _labels(labels: Union[Sequence[str], Mapping[str, str], None], names: Sequence[str]) -> list[str] | None:
+    if labels is None:
+        return None
+    if isinstance(labels, Mapping):
+        missing = [name for name in names if name not in labels]
+        if missing:
+            raise LensBiasError(f"labels name no base for {missing}; give every model one")
+        return [str(labels[name]) for name in names]
+    if len(labels) != len(names):
+        raise LensBiasError(f"labels must give one base per model: {len(labels)} for {len(names)} models")
+    return [str(label) for label in labels]
+
+
+def _families(names: Sequence[str], related: Tensor) -> list[list[str]]:
+    """Connected components of the related graph, in the models' order."""
+    parent = list(range(len(names)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for i, j in related.nonzero().tolist():
+        parent[root(i)] = root(j)
+    groups: dict[int, list[str]] = {}
+    for i, name in enumerate(names):
+        groups.setdefault(root(i), []).append(name)
+    return list(groups.values())

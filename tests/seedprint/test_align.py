@@ -1,0 +1,154 @@
+"""SeedPrint through a reparametrised basis: the transforms keep the function, the alignments recover the basis,
+aligned tests find the descendants and not the unrelated models, and lineage across many models."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+import lens_bias
+from lens_bias import LensBiasError
+from lens_bias import seedprint as sp
+from lens_bias.cli import main
+from lens_bias.core.stats import adjust_p, detection_metrics
+from lens_bias.models.checkpoints import save_checkpoint
+from lens_bias.models.transforms import permute_residual, quantize, rotate_residual
+from lens_bias.seedprint import align
+from lens_bias.seedprint.statistic import tau_statistic
+
+from ..conftest import assert_same_state, state_copy, tiny
+
+SMALL = dict(d_model=64, n_layers=2, n_heads=4, d_vocab=2000, n_ctx=16)
+KW = dict(n=400, seq_len=16, progress=False)
+
+
+def _with_gains(model):
+    """Norm gains away from 1, so that folding them is tested."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 1 and ("ln" in name or "norm" in name):
+                p.copy_(torch.rand(p.shape, generator=torch.Generator().manual_seed(len(name))) + 0.5)
+    return model
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("transform", [permute_residual, rotate_residual])
+def test_reparametrisations_keep_the_function(arch, transform):
+    model = _with_gains(tiny(arch))
+    before = state_copy(model)
+    tokens = lens_bias.random_tokens(3, 16, 97, seed=2)
+    moved = transform(model, seed=3)
+    with torch.no_grad():
+        base, out = model(tokens), moved(tokens)
+    torch.testing.assert_close(out, base, atol=2e-5, rtol=1e-5)
+    assert_same_state(model, before)
+    basis = moved.lens_bias_basis
+    w_e = moved.W_E.detach()
+    r = basis if basis.ndim == 2 else torch.eye(64)[basis]
+    torch.testing.assert_close(w_e, model.W_E.detach() @ r.T, atol=1e-6, rtol=1e-5)  # the embedding in the new basis
+    if transform is rotate_residual:  # the gains are folded: every norm is plain
+        assert all(torch.equal(p, torch.ones_like(p)) for n, p in moved.named_parameters() if p.ndim == 1 and ("ln" in n or "norm" in n))
+
+
+def test_layernorm_models_are_refused():
+    with pytest.raises(LensBiasError, match="LLaMA-family"):
+        rotate_residual(tiny("gpt2"))
+
+
+def test_alignments_recover_the_basis():
+    generator = torch.Generator().manual_seed(0)
+    a = torch.randn(600, 16, generator=generator) @ torch.randn(16, 16, generator=generator)
+    perm = torch.randperm(16, generator=generator)
+    q, _ = torch.linalg.qr(torch.randn(16, 16, generator=generator))
+    scale = torch.diag(torch.rand(16, generator=generator) + 0.5)
+    for mode, b in (("permutation", a[:, perm]), ("orthogonal", a @ q), ("linear", a @ q @ scale)):
+        mapped = align.fit(mode, a[:300], b[:300])(b[300:])
+        torch.testing.assert_close(mapped, a[300:], atol=1e-3, rtol=1e-3)
+    with pytest.raises(LensBiasError, match="align must be one of"):
+        align.fit("affine", a, a)
+
+
+@pytest.fixture(scope="module")
+def prints():
+    base = lens_bias.random_init("llama", seed=0, **SMALL)
+    made = {"base": base, "permuted": permute_residual(base, 1), "rotated": rotate_residual(base, 1), "rotated 4-bit": quantize(rotate_residual(base, 1), bits=4)}
+    made.update({f"init {s}": lens_bias.random_init("llama", seed=s, **SMALL) for s in (5, 6)})
+    return {name: sp.fingerprint(m, **KW) for name, m in made.items()}
+
+
+def test_aligned_tests_find_the_reparametrised_descendants(prints):
+    base = prints["base"]
+    null = sp.SeedsNull(n_null=8)  # fresh inits of the base's recorded spec, aligned like the suspect
+    assert not sp.lineage_test(base, prints["permuted"], m=32).same_lineage  # the published test is fooled ...
+    for mode, covered in (("permutation", ["permuted"]), ("orthogonal", ["permuted", "rotated", "rotated 4-bit"]), ("linear", ["permuted", "rotated", "rotated 4-bit"])):
+        for name in covered:  # ... an alignment that covers the change is not
+            result = sp.lineage_test(base, prints[name], m=32, align=mode, null=null)
+            assert result.p < 1e-10 and result.align == mode and result.fit_rows == 200 and result.n == 200, (mode, name)
+        for name in ("init 5", "init 6"):
+            assert sp.lineage_test(base, prints[name], m=32, align=mode, null=null).p > 0.01, (mode, name)
+
+
+def test_the_seeds_null_aligns_its_models_too(prints):
+    base, other = prints["base"], prints["init 5"]
+    fresh = sp.seed_null_fingerprints(base, n_null=4, progress=False)
+    result = sp.lineage_test(base, other, m=32, align="linear", null=sp.SeedsNull(fingerprints=fresh))
+    for tau, fp in zip(result.null_details["null_tau_bars"], fresh):  # each null model went through the same fit
+        a, b = base.features, fp.features
+        mapped = align.fit("linear", a[:200], b[:200])(b[200:])
+        assert tau == pytest.approx(tau_statistic(a[200:], mapped, 32, "coset", 10.0).tau_bar, abs=1e-12)
+
+
+def test_compare_and_the_seedprint_command_take_align(tmp_path, capsys):
+    base = lens_bias.random_init("llama", seed=0, **SMALL)
+    permuted = permute_residual(base, 1)
+    fa, fb = sp.fingerprint(base, **KW), sp.fingerprint(permuted, **KW)
+    direct = sp.lineage_test(fa, fb, m=32, align="permutation")
+    via_compare = sp.compare(base, permuted, m=32, align="permutation", fit_fraction=0.5, **KW)
+    assert via_compare.align == "permutation" and via_compare.log10_p == direct.log10_p and direct.tau_bar == pytest.approx(1.0)
+    fa.save(tmp_path / "a.pt")
+    fb.save(tmp_path / "b.pt")
+    assert main(["seedprint", str(tmp_path / "a.pt"), str(tmp_path / "b.pt"), "--m", "32", "--align", "permutation", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert (shown["align"], shown["fit_rows"], shown["log10_p"]) == ("permutation", 200, direct.log10_p)
+
+
+def test_multiple_testing_and_detection_metrics():
+    p = [1e-12, 0.004, 0.02, 0.5]
+    holm = adjust_p(p, "holm")
+    assert holm.tolist() == pytest.approx([4e-12, 0.012, 0.04, 0.5])
+    bh = adjust_p(p, "bh")
+    assert bh.tolist() == pytest.approx([4e-12, 0.008, 0.02 * 4 / 3, 0.5])
+    m = detection_metrics([9.0, 8.0, 2.0, 1.0, 0.5], [True, True, True, False, False])
+    assert (m["auc"], m["tpr"], m["fpr"], m["accuracy"], m["tpr_at_1pct_fpr"]) == (1.0, 1.0, 0.0, 1.0, 1.0)
+
+
+def test_lineage_across_models_with_a_cache_labels_and_families(tmp_path, monkeypatch):
+    base = lens_bias.random_init("llama", seed=0, **SMALL)
+    folder = tmp_path / "models"
+    folder.mkdir()
+    save_checkpoint(base, folder / "a_base.pt")
+    save_checkpoint(permute_residual(base, 2), folder / "b_permuted.pt")
+    save_checkpoint(quantize(base, bits=8), folder / "c_int8.pt")
+    for s in (7, 8):
+        save_checkpoint(lens_bias.random_init("llama", seed=s, **SMALL), folder / f"d_init{s}.pt")
+    labels = {"a_base.pt": "base", "b_permuted.pt": "base", "c_int8.pt": "base", "d_init7.pt": "seven", "d_init8.pt": "eight"}
+    (tmp_path / "labels.json").write_text(json.dumps(labels))
+    args = ["lineage", str(folder), "--labels", str(tmp_path / "labels.json"), "--align", "orthogonal", "--n", "400", "--seq-len", "16",
+            "--m", "32", "--cache", str(tmp_path / "cache"), "--out", str(tmp_path / "out"), "--no-progress"]
+    assert main(args) == 0
+    pairs = pd.read_csv(tmp_path / "out" / "pairs.csv")
+    families = json.loads((tmp_path / "out" / "families.json").read_text())
+    names = sorted(str(p) for p in folder.iterdir())
+    assert families["families"] == [names[:3], [names[3]], [names[4]]]
+    assert families["metrics"]["auc"] == 1.0 and families["metrics"]["positives"] == 3 and len(pairs) == 10
+    assert (tmp_path / "out" / "lineage.png").exists()
+    # a re-run reads every fingerprint (and the aligned null's) from the cache: no model is loaded
+    monkeypatch.setattr("lens_bias.seedprint.families.load_model", lambda text: pytest.fail(f"loaded {text} again"))
+    again = sp.pairwise_lineage(names, labels=[labels[n.rsplit("/", 1)[-1]] for n in names], align="orthogonal", n=400, seq_len=16, m=32,
+                                cache=tmp_path / "cache", progress=False)
+    assert again.families == families["families"] and all(s < 5 for s in again.seconds.values())
+    with pytest.raises(LensBiasError, match="at least 2 models"):
+        sp.pairwise_lineage(names[:1], progress=False)
