@@ -24,6 +24,7 @@ from lens_bias.core.errors import LensBiasError
 from lens_bias.core.inputs import (
     InputSpec,
     RandomEmbeddings,
+    RandomTokens,
     random_embeddings,
     random_tokens,
     text_tokens,
@@ -39,7 +40,7 @@ __all__ = [
     "analyze", "ablate", "random_init", "pretrained", "from_hf", "random_tokens", "random_embeddings", "text_tokens", "intervene",
     "fingerprint", "compare", "train", "perplexity", "super_weights", "super_weight_table", "massive_activations", "massive_ablation",
     "viz", "models", "hooks", "seedprint", "experiments", "BiasReport", "Fingerprint", "SeedPrintResult", "PerplexityTable", "SECTIONS",
-    "ModelSpec", "ModelAdapter", "ModelInfo", "Probe", "Analysis", "Result", "run_analyses", "InputSpec", "RandomEmbeddings", "LensBiasError",
+    "ModelSpec", "ModelAdapter", "ModelInfo", "Probe", "Analysis", "Result", "run_analyses", "InputSpec", "RandomTokens", "RandomEmbeddings", "LensBiasError",
 ]
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())

@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 
 from lens_bias.core import memory, tl
 from lens_bias.core.errors import LensBiasError
-from lens_bias.core.inputs import Inputs, RandomEmbeddings
+from lens_bias.core.inputs import Inputs, RandomEmbeddings, RandomTokens
 from lens_bias.core.serialise import Serialisable
 
 __all__ = ["ModelAdapter", "ModelInfo", "Probe", "HookFn", "FwdHook", "last_position", "counting", "READOUT", "REGIME_ATTRIBUTE", "REGIMES"]
@@ -167,14 +167,15 @@ def _raise_on_nonfinite(flags: Sequence[tuple[str, Tensor]], start: int, stop: i
 
 
 def _check_kept(kept: Mapping[str, Sequence[Tensor]], batch: int, n: int) -> None:
-    """After the first batch: refuse before the kept values of all ``n`` sequences outgrow CPU memory."""
-    per_seq = sum(values[0].numel() * values[0].element_size() for values in kept.values() if values) / max(1, batch)
+    """After the first batch: refuse before the kept values of all ``n`` sequences outgrow CPU memory. They are
+    held twice at the end (the batches' pieces and their concatenation); the lazy inputs are drawn per batch."""
+    per_seq = 2 * sum(values[0].numel() * values[0].element_size() for values in kept.values() if values) / max(1, batch)
     budget = memory.MEMORY_FRACTION * memory.available_bytes("cpu")
     if per_seq * n > budget:
         raise LensBiasError(
-            f"the probes keep {memory.format_bytes(per_seq)} per sequence: {n} sequences need about "
-            f"{memory.format_bytes(per_seq * n)} of CPU memory but only {memory.format_bytes(budget)} can be used; "
-            f"pass at most {int(budget // per_seq)} sequences, or probes that reduce more inside the hook"
+            f"the probes keep {memory.format_bytes(per_seq / 2)} per sequence: {n} sequences need about "
+            f"{memory.format_bytes(per_seq * n)} of CPU memory (kept per batch, then concatenated) but only "
+            f"{memory.format_bytes(budget)} can be used; pass at most {int(budget // per_seq)} sequences, or probes that reduce more inside the hook"
         )
 
 
@@ -330,7 +331,8 @@ class ModelAdapter:
         KeyboardInterrupt; the model's train/eval mode is restored.
 
         Args:
-            inputs: token IDs ``[n, seq]``, embeddings ``[n, seq, d_model]`` or :class:`RandomEmbeddings`.
+            inputs: token IDs ``[n, seq]`` or :class:`RandomTokens`, embeddings ``[n, seq, d_model]`` or
+                :class:`RandomEmbeddings` (the lazy ones are drawn batch by batch).
             probes: what to read; probes sharing a key are computed once (one key, one reduction).
             batch_size: sequences per forward pass (default: :meth:`default_batch_size`).
             hooks: edits of the pass as ``(hook_name, fn)`` forward hooks, attached in order before the probes
@@ -348,7 +350,7 @@ class ModelAdapter:
         n, seq_len = inputs.shape[0], inputs.shape[1]
         if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
             raise LensBiasError(f"batch_size must be a positive int or None, got {batch_size!r}")
-        is_embedding = not (isinstance(inputs, Tensor) and inputs.ndim == 2)
+        is_embedding = not (isinstance(inputs, RandomTokens) or (isinstance(inputs, Tensor) and inputs.ndim == 2))
 
         by_hook: dict[str, list[Probe]] = defaultdict(list)
         for probe in unique.values():

@@ -8,7 +8,7 @@ by hand: ``analyze(model, seed=s)`` analyses exactly ``random_tokens(n, seq_len,
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Union
 
 import numpy as np
@@ -20,7 +20,7 @@ from lens_bias.core.corpora import Corpus, code, held_out_documents, prose
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.serialise import Serialisable
 
-__all__ = ["random_tokens", "text_tokens", "repeated_tokens", "with_bos", "random_embeddings", "RandomEmbeddings", "InputSpec", "Inputs", "resolve_inputs"]
+__all__ = ["random_tokens", "text_tokens", "repeated_tokens", "with_bos", "random_embeddings", "RandomTokens", "RandomEmbeddings", "InputSpec", "Inputs", "resolve_inputs"]
 
 # The corpora real text is cut from, by name.
 CORPORA = {"prose": prose, "code": code}
@@ -164,6 +164,69 @@ def repeated_tokens(n: int, seq_len: int, vocab: int, seed: int = 42, *, bos: in
 
 
 @dataclass(frozen=True)
+class RandomTokens:
+    """Lazily drawn token IDs, uniform below ``vocab``: exactly the IDs of :func:`random_tokens` (one CPU generator
+    seeded with ``seed``, drawn row after row), made batch by batch so that ``n × seq_len`` IDs are never held at
+    once and a pass over any ``n`` starts at once.
+
+    Consecutive slices continue the generator where the last one stopped; any other slice draws again from row 0
+    (so read them in order, as every lens_bias pass does).
+
+    >>> toks = RandomTokens(n=5, seq_len=4, vocab=100, seed=42)
+    >>> torch.equal(torch.cat([toks[0:2], toks[2:5]]), random_tokens(5, 4, 100, seed=42))
+    True
+    """
+
+    n: int
+    seq_len: int
+    vocab: int
+    seed: int = 42
+    # Index of this object's row 0 in the seed's row stream: ``view`` shards without drawing anything.
+    first: int = 0
+    # [generator, the next row it draws]: where the last slice stopped
+    _cursor: list = field(default_factory=list, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        _check_count("n", self.n, 1)
+        _check_count("seq_len", self.seq_len, 1)
+        _check_count("vocab", self.vocab, 1)
+
+    def __len__(self) -> int:
+        return self.n
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.n, self.seq_len)
+
+    def __getitem__(self, rows: slice) -> Int[Tensor, "batch seq"]:
+        if not isinstance(rows, slice) or rows.step not in (None, 1):
+            raise TypeError("RandomTokens supports contiguous slices only, e.g. tokens[0:32]")
+        start, stop, _ = rows.indices(self.n)
+        if stop <= start:
+            return torch.empty(0, self.seq_len, dtype=torch.long)
+        start, stop = start + self.first, stop + self.first
+        if not self._cursor or self._cursor[1] != start:
+            self._cursor[:] = [torch.Generator().manual_seed(self.seed), 0]
+            while self._cursor[1] < start:  # draw and drop the rows before this slice, ≤ 2^20 IDs at a time
+                skip = min(start - self._cursor[1], max(1, 2**20 // self.seq_len))
+                torch.randint(0, self.vocab, (skip, self.seq_len), generator=self._cursor[0])
+                self._cursor[1] += skip
+        out = torch.randint(0, self.vocab, (stop - start, self.seq_len), generator=self._cursor[0])
+        self._cursor[1] = stop
+        return out
+
+    def view(self, start: int, stop: int) -> "RandomTokens":
+        """Rows ``[start, stop)`` as a lazy RandomTokens of their own (the same IDs as ``self[start:stop]``)."""
+        if not 0 <= start < stop <= self.n:
+            raise LensBiasError(f"view needs 0 <= start < stop <= {self.n}, got [{start}, {stop})")
+        return replace(self, n=stop - start, first=self.first + start)
+
+    def tensor(self) -> Int[Tensor, "n seq"]:
+        """All rows at once (``n × seq_len`` int64: mind the memory)."""
+        return self[0 : self.n]
+
+
+@dataclass(frozen=True)
 class RandomEmbeddings:
     """Lazily drawn Gaussian input embeddings ``N(mean, std)`` of shape ``[n, seq_len, d_model]``.
 
@@ -262,7 +325,7 @@ def random_embeddings(model: Any, n: int, seq_len: int, seed: int = 42, *, std: 
     return RandomEmbeddings(n=n, seq_len=seq_len, d_model=w_e.shape[-1], mean=w_e.mean().item(), std=w_e.std().item(), seed=seed)
 
 
-Inputs = Union[Int[Tensor, "n seq"], Float[Tensor, "n seq d_model"], RandomEmbeddings]
+Inputs = Union[Int[Tensor, "n seq"], Float[Tensor, "n seq d_model"], RandomTokens, RandomEmbeddings]
 
 
 @dataclass(frozen=True)
@@ -294,7 +357,7 @@ def resolve_inputs(
         _check_count("n_sequences", n_sequences, 1)
         _check_count("seq_len", seq_len, 1)
         if inputs == "tokens":
-            return random_tokens(n_sequences, seq_len, d_vocab, seed), InputSpec("tokens", n_sequences, seq_len, seed, d_vocab)
+            return RandomTokens(n_sequences, seq_len, d_vocab, seed), InputSpec("tokens", n_sequences, seq_len, seed, d_vocab)
         if inputs == "embeddings":
             return random_embeddings(model, n_sequences, seq_len, seed, std=embed_std), InputSpec("embeddings", n_sequences, seq_len, seed)
         if inputs == "text":
@@ -305,6 +368,10 @@ def resolve_inputs(
         raise LensBiasError(f"inputs must be 'tokens', 'text', 'embeddings' or a tensor, got {inputs!r}")
     if isinstance(inputs, RandomEmbeddings):
         return inputs, InputSpec("embeddings", inputs.n, inputs.seq_len, inputs.seed)
+    if isinstance(inputs, RandomTokens):
+        if inputs.vocab > d_vocab:
+            raise LensBiasError(f"RandomTokens draw IDs below {inputs.vocab}, beyond the model's d_vocab={d_vocab}")
+        return inputs, InputSpec("tokens", inputs.n, inputs.seq_len, inputs.seed, inputs.vocab)
     if isinstance(inputs, Tensor):
         if inputs.dtype in (torch.int64, torch.int32) and inputs.ndim == 2:
             if inputs.numel() and (int(inputs.min()) < 0 or int(inputs.max()) >= d_vocab):

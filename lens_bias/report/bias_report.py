@@ -24,7 +24,7 @@ from lens_bias.analyses.sink_attribution import SinkAttributionResult, sink_attr
 from lens_bias.core.adapter import REGIMES, ModelAdapter, ModelInfo
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.figures import figure_png
-from lens_bias.core.inputs import Inputs, InputSpec, resolve_inputs
+from lens_bias.core.inputs import Inputs, InputSpec, RandomTokens, resolve_inputs
 from lens_bias.hooks.base import edit_records
 from lens_bias.report.anatomy import SinkAnatomy, anatomy_of
 from lens_bias.report.viz import save_html, view_slot
@@ -284,12 +284,13 @@ def analyze(
     if (ablations or attribution) and interventions:
         raise LensBiasError("ablations=True and attribution=True run their own edits on the unedited model; for them under your edits "
                             "call lens_bias.ablate / sink_attribution with conditions={name: [*your_edits, ...]}")
-    if attribution and not (isinstance(data, torch.Tensor) and data.ndim == 2):
+    if attribution and not (isinstance(data, RandomTokens) or (isinstance(data, torch.Tensor) and data.ndim == 2)):
         raise LensBiasError("attribution=True measures token inputs (perplexity needs next tokens): pass inputs='text' or 'tokens'")
     records = edit_records(interventions)  # before the pass: an edit that cannot be recorded fails now
     results = run_analyses(adapter, data, spec, analyses, batch_size=batch_size, interventions=interventions, progress=progress)
     if ablations:
         results["ablations"] = ablate(model, inputs=data, batch_size=batch_size, progress=progress)
     if attribution:
-        results["sink_attribution"] = sink_attribution(model, data, batch_size=batch_size, progress=progress)
+        tokens = data.tensor() if isinstance(data, RandomTokens) else data
+        results["sink_attribution"] = sink_attribution(model, tokens, batch_size=batch_size, progress=progress)
     return BiasReport(model=adapter.info, inputs=spec, sections=results, interventions=records)

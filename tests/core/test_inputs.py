@@ -1,12 +1,15 @@
 """Random inputs: reproducible, uniform, batch-invariant, and fed through a live hook."""
 
+import hashlib
 import math
+import re
 
 import pytest
 import torch
 
 import lens_bias
-from lens_bias import LensBiasError, RandomEmbeddings, random_embeddings, random_tokens
+from lens_bias import LensBiasError, RandomEmbeddings, RandomTokens, random_embeddings, random_tokens
+from lens_bias.core import memory
 
 from ..conftest import shared_tiny
 
@@ -20,6 +23,43 @@ def test_random_tokens_reproducible_and_uniform():
     expected = a.numel() / 10
     assert ((counts - expected) ** 2 / expected).sum() < 9 + 6 * math.sqrt(18)
     assert a.min() >= 0 and a.max() < 10
+
+
+def test_lazy_random_tokens_are_random_tokens_in_any_batching():
+    whole = random_tokens(1000, 37, vocab=49152, seed=42)
+    lazy = RandomTokens(1000, 37, 49152, seed=42)
+    assert torch.equal(torch.cat([lazy[0:1], lazy[1:8], lazy[8:300], lazy[300:1000]]), whole)  # in order: one generator
+    assert torch.equal(lazy[500:520], whole[500:520]) and torch.equal(lazy[3:9], whole[3:9])  # out of order: drawn again
+    assert torch.equal(lazy.view(250, 600)[0:350], whole[250:600]) and lazy.shape == (1000, 37)
+    # a fingerprint's digest of lazy tokens is the digest of the tensor they stand for (saved fingerprints stay valid)
+    from lens_bias.seedprint.fingerprints import _digest
+
+    assert _digest(lazy) == "sha256:" + hashlib.sha256(whole.numpy().tobytes()).hexdigest() == _digest(whole)
+    with pytest.raises(TypeError, match="contiguous slices"):
+        lazy[::2]
+
+
+@pytest.mark.parametrize("count", [10**12, 10**9, 10**7])
+def test_a_count_that_cannot_fit_is_refused_after_one_batch(count, monkeypatch):
+    model = shared_tiny("gpt2", d_model=32, n_layers=1, n_heads=4, d_vocab=100, n_ctx=16)
+    monkeypatch.setattr(memory, "available_bytes", lambda device=None: 16 * 2**20)  # 8 MiB usable
+    forwards = []
+    handle = model.blocks[0].register_forward_hook(lambda *args: forwards.append(1))
+    try:
+        for run in (lambda n: lens_bias.analyze(model, n_sequences=n, seq_len=8, progress=False),
+                    lambda n: lens_bias.seedprint.fingerprint(model, n=n, seq_len=8, progress=False)):
+            forwards.clear()
+            with pytest.raises(LensBiasError) as refusal:
+                run(count)
+            message = str(refusal.value)
+            assert "\n" not in message and "need about" in message and "can be used" in message
+            assert len(forwards) == 1  # one batch, whatever the count: the inputs are drawn per batch
+            largest = int(re.search(r"pass at most (\d+) sequences", message).group(1))
+            assert 0 < largest < count
+            if count == 10**7:  # the largest count it names runs
+                assert run(largest) is not None
+    finally:
+        handle.remove()
 
 
 def test_random_embeddings_rows_do_not_depend_on_batching():
