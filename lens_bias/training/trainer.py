@@ -13,11 +13,13 @@ import math
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence, Union
+from typing import Any, Iterator, Sequence, Union
 
 import pandas as pd
 import torch
 import torch.nn.functional as F
+from jaxtyping import Int
+from torch import Tensor
 from tqdm.auto import tqdm
 
 from lens_bias.core import memory
@@ -53,12 +55,26 @@ class TrainingRun:
         return float(self.evals.eval_loss.iloc[-1])
 
 
-def batch_order(n_blocks: int, steps: int, batch_size: int, data_seed: int) -> torch.Tensor:
-    """Block indices of every batch ``[steps, batch_size]``: epochs of permutations from ``data_seed`` alone."""
+def batches(n_blocks: int, batch_size: int, data_seed: int) -> Iterator[Int[Tensor, "batch"]]:
+    """Block indices of one batch after another: epochs of permutations from ``data_seed`` alone, drawn as they are
+    used (the memory of a run does not grow with its steps)."""
     generator = torch.Generator().manual_seed(data_seed)
-    needed = steps * batch_size
-    perms = [torch.randperm(n_blocks, generator=generator) for _ in range(math.ceil(needed / n_blocks))]
-    return torch.cat(perms)[:needed].view(steps, batch_size)
+    epoch, used = torch.randperm(n_blocks, generator=generator), 0
+    while True:
+        parts, wanted = [], batch_size
+        while wanted:
+            if used == n_blocks:
+                epoch, used = torch.randperm(n_blocks, generator=generator), 0
+            take = min(wanted, n_blocks - used)
+            parts.append(epoch[used : used + take])
+            used, wanted = used + take, wanted - take
+        yield torch.cat(parts)
+
+
+def batch_order(n_blocks: int, steps: int, batch_size: int, data_seed: int) -> Int[Tensor, "steps batch"]:
+    """Block indices of every batch ``[steps, batch_size]``, as :func:`train` draws them (:func:`batches`)."""
+    order = batches(n_blocks, batch_size, data_seed)
+    return torch.stack([next(order) for _ in range(steps)])
 
 
 def _lr(step: int, steps: int, lr: float, warmup: int, schedule: str) -> float:
@@ -156,7 +172,7 @@ def train(
         {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
     ]
     optimizer = torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95))
-    order = batch_order(len(data.train), steps, batch_size, data_seed)
+    order = batches(len(data.train), batch_size, data_seed)
     held_out = data.eval[:eval_blocks]
     autocast = torch.autocast("cuda", dtype=dtype) if dtype is not None and device.type == "cuda" else nullcontext()
     losses, evals, checkpoints = [], [], []
@@ -178,7 +194,7 @@ def train(
                 for group in optimizer.param_groups:
                     group["lr"] = rate
                 with autocast:
-                    loss = _loss(model, with_bos(data.train[order[step]], bos).to(device))
+                    loss = _loss(model, with_bos(data.train[next(order)], bos).to(device))
                 value = loss.item()
                 if not math.isfinite(value):  # before the update, so the weights stay those of the last finite step
                     raise LensBiasError(

@@ -1,0 +1,105 @@
+"""Every size argument of the command line, from 0 to 10^12: a result, a one-line error, or a bounded progress bar.
+
+The memory guard plans against 64 MiB here whatever the machine has, so a count that cannot fit is refused (after
+at most one batch: the inputs are drawn per batch), and one that fits either finishes on the tiny models below or
+starts a progress bar with a known total of at least ``LONG`` steps (whose ETA tqdm shows); that bar is stopped at
+once, as a user would stop it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+from unittest import mock
+
+import pytest
+import tqdm.std
+from hypothesis import event, example, given
+from hypothesis import strategies as st
+
+from lens_bias.cli import main
+from lens_bias.core import memory
+
+from .test_properties import settings  # noqa: F401 - registers and loads the suite's Hypothesis profiles
+
+LONG = 1000
+SPEC = "llama:d=16,L=1,H=2,V=300,ctx=16"
+# (command, the size flag, the other arguments); each size flag of the command line that takes a count
+SIZES = [
+    ("analyze", "--n-sequences", ["--d-model", "16", "--n-layers", "1", "--n-heads", "2", "--d-vocab", "50", "--seq-len", "6"]),
+    ("analyze", "--seq-len", ["--d-model", "16", "--n-layers", "1", "--n-heads", "2", "--d-vocab", "50", "--n-sequences", "3"]),
+    ("analyze", "--batch-size", ["--d-model", "16", "--n-layers", "1", "--n-heads", "2", "--d-vocab", "50", "--n-sequences", "3", "--seq-len", "6"]),
+    ("analyze", "--d-model", ["--n-layers", "1", "--n-heads", "1", "--d-vocab", "50", "--n-sequences", "3", "--seq-len", "6"]),
+    ("analyze", "--n-layers", ["--d-model", "16", "--n-heads", "2", "--d-vocab", "50", "--n-sequences", "3", "--seq-len", "6"]),
+    ("analyze", "--n-heads", ["--d-model", "16", "--n-layers", "1", "--d-vocab", "50", "--n-sequences", "3", "--seq-len", "6"]),
+    ("analyze", "--d-vocab", ["--d-model", "16", "--n-layers", "1", "--n-heads", "2", "--n-sequences", "3", "--seq-len", "6"]),
+    ("analyze", "--n-ctx", ["--d-model", "16", "--n-layers", "1", "--n-heads", "2", "--d-vocab", "50", "--n-sequences", "3", "--seq-len", "6"]),
+    ("fingerprint", "--n", [SPEC, "-o", "fp.pt", "--seq-len", "8"]),
+    ("fingerprint", "--seq-len", [SPEC, "-o", "fp.pt", "--n", "4"]),
+    ("fingerprint", "--batch-size", [SPEC, "-o", "fp.pt", "--n", "4", "--seq-len", "8"]),
+    ("fingerprint", "--vocab", [SPEC, "-o", "fp.pt", "--n", "4", "--seq-len", "8"]),
+    ("lineage", "--n", [f"{SPEC},seed=1", f"{SPEC},seed=2", "--seq-len", "8", "--m", "4"]),
+    ("lineage", "--seq-len", [f"{SPEC},seed=1", f"{SPEC},seed=2", "--n", "8", "--m", "4"]),
+    ("lineage", "--m", [f"{SPEC},seed=1", f"{SPEC},seed=2", "--n", "8", "--seq-len", "8"]),
+    ("train", "--steps", [SPEC, "--out", "run", "--batch-size", "2", "--seq-len", "8"]),
+    ("train", "--batch-size", [SPEC, "--out", "run", "--steps", "1", "--seq-len", "8"]),
+    ("train", "--seq-len", [SPEC, "--out", "run", "--steps", "1", "--batch-size", "2"]),
+    ("train", "--checkpoint-every", [SPEC, "--out", "run", "--steps", "2", "--batch-size", "2", "--seq-len", "8"]),
+]
+
+
+class _LongRun(Exception):
+    """A run that fits but would take long: its progress bar started with a known total."""
+
+
+def _stop_long_bars(original):
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        if not self.disable and self.total is not None and self.total >= LONG:
+            raise _LongRun(self.total)
+
+    return init
+
+
+@given(size=st.sampled_from(SIZES), value=st.integers(0, 10**12))
+@example(size=SIZES[0], value=10**12)
+@example(size=SIZES[8], value=10**12)
+@example(size=SIZES[15], value=10**12)
+def test_every_size_argument(size, value, tmp_path_factory):
+    command, flag, rest = size
+    argv = [command, *rest, flag, str(value)]
+    out, err = io.StringIO(), io.StringIO()
+    cache = str(tmp_path_factory.getbasetemp() / "cache")  # corpora and tokenizers, shared by the examples
+    with contextlib.chdir(tmp_path_factory.mktemp("sizes")), mock.patch.dict(os.environ, {"LENS_BIAS_CACHE": cache}), \
+            contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+            mock.patch.object(memory, "available_bytes", lambda device=None: 64 * 2**20), \
+            mock.patch.object(tqdm.std.tqdm, "__init__", _stop_long_bars(tqdm.std.tqdm.__init__)):
+        try:
+            code = main(argv)
+        except _LongRun as run:
+            event("a bounded progress bar")
+            assert run.args[0] >= LONG
+            return
+        except SystemExit as exit_:  # argparse: a value it cannot parse
+            code = exit_.code
+    assert code in (0, 2), (argv, err.getvalue()[-2000:])
+    if code == 2:
+        event("refused in one line")
+        line = err.getvalue().strip().splitlines()[-1]
+        assert line.startswith(f"lens-bias {command}: error: ") and "Traceback" not in err.getvalue(), err.getvalue()
+    else:
+        event("a result")
+        assert out.getvalue().strip()
+
+
+def test_a_refusal_names_the_estimate_the_limit_and_the_largest_count(capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(memory, "available_bytes", lambda device=None: 64 * 2**20)
+    assert main(["fingerprint", SPEC, "-o", "fp.pt", "--n", str(10**12), "--seq-len", "8", "--no-progress"]) == 2
+    line = capsys.readouterr().err.strip()
+    # d_model 16: 64 B kept per sequence, counted twice (pieces, then concatenated), against half of 64 MiB
+    assert "\n" not in line and "need about" in line and "32.0 MiB can be used" in line and f"pass at most {2**25 // 128} sequences" in line
+
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
