@@ -32,6 +32,7 @@ from lens_bias.analyses.base import Analysis, Result
 from lens_bias.core.adapter import ModelAdapter, ModelInfo, Probe
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.inputs import InputSpec
+from lens_bias.core.offload import read_weight
 
 __all__ = ["SuperNeurons", "SuperNeuronsResult", "dominance_ratio"]
 
@@ -248,7 +249,7 @@ class SuperNeurons(Analysis):
         massive = torch.stack([kept["massive", layer] for layer in layers])  # [layer, n, 4]
         blocks = getattr(adapter.model, "blocks", None)
         try:
-            w_out = [blocks[layer].mlp.W_out.detach().float().cpu() for layer in layers]  # each [d_mlp, d_model]
+            w_out = [read_weight(blocks[layer].mlp, "W_out").float().cpu() for layer in layers]  # each [d_mlp, d_model]
         except (AttributeError, TypeError):  # a HookedRootModule without TL weight names: no writes to rank by
             w_out = [torch.full((units.shape[-1], resid.shape[-1]), float("nan")) for _ in layers]
         magnitude = [w.abs() for w in w_out]

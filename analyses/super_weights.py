@@ -32,6 +32,7 @@ from lens_bias.core.adapter import ModelAdapter, ModelInfo, Probe
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.figures import new_figure
 from lens_bias.core.inputs import InputSpec
+from lens_bias.core.offload import read_weight
 from lens_bias.hooks import RemoveWeight, RemoveWeights
 from lens_bias.hooks.base import InterventionLike
 
@@ -52,7 +53,7 @@ def _moments_at(hook: str, position: int) -> Probe:
 
 def _w_out(model: Any, layer: int) -> Float[Tensor, "d_mlp d_model"]:
     try:
-        return model.blocks[layer].mlp.W_out.detach()
+        return read_weight(model.blocks[layer].mlp, "W_out")
     except (AttributeError, TypeError):
         raise LensBiasError(f"super weights read blocks[{layer}].mlp.W_out, which this {type(model).__name__} does not expose") from None
 

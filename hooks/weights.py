@@ -23,6 +23,7 @@ from torch import Tensor
 
 from lens_bias.core.adapter import FwdHook, ModelAdapter
 from lens_bias.core.errors import LensBiasError
+from lens_bias.core.offload import read_weight
 from lens_bias.hooks.base import Intervention, reads
 
 __all__ = ["RemoveWeight", "RemoveWeights"]
@@ -58,7 +59,7 @@ def _removal_hooks(model: Any, weights: Sequence[Coordinate], owner: str) -> lis
     for layer, group in sorted(by_layer.items()):
         try:
             mlp = model.blocks[layer].mlp
-            mlp.W_out  # noqa: B018  (read once here so a model without TL weight names fails now, not mid-pass)
+            read_weight(mlp, "W_out")  # read once here so a model without TL weight names fails now, not mid-pass
         except (AttributeError, TypeError):
             raise LensBiasError(
                 f"{owner} reads blocks[{layer}].mlp.W_out, which this {type(model).__name__} does not expose"
@@ -82,7 +83,7 @@ def _layer_hooks(mlp: Any, layer: int, rows: Tensor, cols: Tensor, owner: str) -
             raise LensBiasError(f"{owner}: blocks.{layer}.mlp.hook_post did not fire before hook_mlp_out")
         a = captured.pop("a")  # [batch, pos, n_weights]
         rows_, cols_ = rows.to(out.device), cols.to(out.device)
-        w = mlp.W_out[cols_, rows_].to(out.dtype)  # read now: follows weights that change (training)
+        w = read_weight(mlp, "W_out")[cols_, rows_].to(out.dtype)  # read now: follows weights that change (training)
         return out.index_add(-1, rows_, -(a.to(out.dtype) * w))
 
     return [(f"blocks.{layer}.mlp.hook_post", capture), (f"blocks.{layer}.hook_mlp_out", subtract)]

@@ -21,7 +21,7 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from lens_bias.core import memory, tl
+from lens_bias.core import memory, offload, tl
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.inputs import Inputs, RandomEmbeddings, RandomTokens
 from lens_bias.core.serialise import Serialisable
@@ -237,7 +237,7 @@ class ModelAdapter:
         param = next(model.parameters(), None)
         if param is None:
             raise TypeError(f"{type(model).__name__} has no parameters")
-        if param.is_meta:
+        if param.is_meta and not offload.is_dispatched(model):
             raise LensBiasError(f"{type(model).__name__}'s weights are on the meta device (shapes, no data); load real weights first, e.g. model.to_empty(device='cpu') and a state dict")
         n_heads = int(cfg.n_heads)
         d_model = int(cfg.d_model)
@@ -266,7 +266,7 @@ class ModelAdapter:
 
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        return offload.execution_device(self.model)
 
     @property
     def dtype(self) -> torch.dtype:

