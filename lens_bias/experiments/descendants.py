@@ -251,9 +251,10 @@ class DescendantsExperiment(Experiment):
     """``lens-bias descendants``: :func:`real_descendants` from the command line."""
 
     name = "descendants"
-    help = "SeedPrint against descendants of a pretrained model (quantised, pruned, adapted, fine-tuned, merged) and random inits"
-    description = "LeaFBench in miniature: every descendant must be related at p < 1e-10 and every random init unrelated. Exits 1 otherwise."
-    preset_help = "sizes (tiny: seconds on a tiny model; default: SmolLM2 in minutes on 2 CPU cores)"
+    help = "SeedPrint against descendants of a pretrained model (quantised, pruned, adapted, fine-tuned, merged, permuted, rotated) and random inits"
+    description = ("LeaFBench in miniature, under every align mode: every descendant must be related at p < 1e-10 under each mode that covers "
+                   "it, and every random init unrelated under every mode. Exits 1 otherwise.")
+    preset_help = "sizes (tiny: seconds on a tiny model; default: SmolLM2 in about 35 minutes on 2 CPU cores)"
     config_type = DescendantsConfig
     presets = PRESETS
 

@@ -9,6 +9,8 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
+from lens_bias.core import memory
+from lens_bias.core.adapter import ModelAdapter
 from lens_bias.core.errors import LensBiasError
 from lens_bias.seedprint.fingerprints import Fingerprint, fingerprint
 from lens_bias.seedprint.lineage import lineage_test
@@ -68,8 +70,12 @@ def calibrate(
     prints: dict[str, list[Fingerprint]] = {kind: [] for kind in kinds}
     if "align" in test_kwargs:
         raise LensBiasError("calibrate takes aligns=[...] (every mode is tested on the same fingerprints), not align=")
+    if isinstance(n_pairs, bool) or not isinstance(n_pairs, int) or n_pairs < 1:
+        raise LensBiasError(f"n_pairs must be a positive int, got {n_pairs!r}")
     for s in tqdm(range(first_seed, first_seed + n_fresh + 2 * n_pairs), desc="calibration models", disable=not progress):
         model = factory(s)
+        if s == first_seed:  # every fingerprint is kept until the tests: refuse a count whose features cannot fit
+            _check_kept(n_fresh + 2 * n_pairs, len(kinds) * n * ModelAdapter(model).info.d_model * 4, n_fresh)
         for kind in kinds:
             prints[kind].append(fingerprint(model, inputs=kind, n=n, seq_len=seq_len, seed=seed, vocab=vocab, progress=False))
     rows = []
@@ -95,3 +101,14 @@ def calibrate(
                 }
             )
     return pd.DataFrame(rows)
+
+
+def _check_kept(models: int, per_model: int, n_fresh: int) -> None:
+    budget = memory.MEMORY_FRACTION * memory.available_bytes("cpu")
+    if models * per_model > budget:
+        fits = int((budget // per_model - n_fresh) // 2)
+        fix = f"pass n_pairs <= {fits}" if fits >= 1 else "pass fewer inputs (n)"
+        raise LensBiasError(
+            f"calibrating {models} models keeps their fingerprints, about {memory.format_bytes(models * per_model)}, but only "
+            f"{memory.format_bytes(budget)} of CPU memory can be used; {fix}"
+        )

@@ -27,7 +27,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from lens_bias.core import distributed as distributed_run
-from lens_bias.core import tl
+from lens_bias.core import offload, tl
 from lens_bias.core.adapter import READOUT, ModelAdapter, last_position
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.files import atomic_save, load_torch_file
@@ -116,6 +116,11 @@ def _with_device_dtype(model: Any, device: Union[str, torch.device, None], dtype
     same_device = want_device.type == adapter.device.type and want_device.index in (None, adapter.device.index)
     if same_device and want_dtype == adapter.dtype:
         return model
+    if offload.is_dispatched(model):
+        raise LensBiasError(
+            f"this model is placed by a device map (offloaded), so it cannot be copied to {want_device} in {want_dtype}: "
+            "load it in the dtype to fingerprint in (pretrained(..., dtype=torch.bfloat16)), or pass dtype= and device= as it is"
+        )
     logger.info("fingerprinting a copy of the model on %s in %s (the model you passed is not moved)", want_device, want_dtype)
     clone = copy.deepcopy(model)
     if hasattr(model, "lens_bias_spec"):

@@ -50,6 +50,8 @@ def test_an_offloaded_bridge_reads_weights_and_runs_like_the_model_in_memory(tmp
     for name in sections:
         torch.testing.assert_close(torch.tensor(b.sections[name].to_pandas().select_dtypes("number").to_numpy()),
                                    torch.tensor(a.sections[name].to_pandas().select_dtypes("number").to_numpy()), equal_nan=True)
+    with pytest.raises(LensBiasError, match="placed by a device map"):  # no copy of an offloaded model to another dtype
+        lens_bias.seedprint.fingerprint(offloaded, n=4, seq_len=8, dtype=torch.bfloat16, progress=False)
 
 
 @pytest.mark.skipif(tl.tl_major() >= 4, reason="the TL 3 refusal")

@@ -11,6 +11,7 @@ from scipy.stats import kendalltau, norm, ttest_ind
 import lens_bias
 from lens_bias import LensBiasError
 from lens_bias import seedprint as sp
+from lens_bias.core import memory
 from lens_bias.core.stats import kendall_tau_b, kendall_tau_b_vectorised
 from lens_bias.seedprint.align import ALIGN_MODES
 
@@ -315,6 +316,21 @@ def test_aligned_tests_keep_their_false_positive_rate(record_property):
     # the held-out τ̄ of unrelated models stays near 0: sd(τ̄) ≈ √(2(2n+5)/(9n(n−1)))/√k = 0.042/√16 = 0.011 at n 250
     # and k ≈ m²/D = 16 shared dims; the median of 100 pairs lies far inside 4 of them (measured ≤ 0.007)
     assert (table.median_tau_bar.abs() < 4 * 0.011).all()
+
+
+def test_calibrate_refuses_a_count_of_pairs_whose_fingerprints_cannot_fit(monkeypatch):
+    built = []
+
+    def factory(seed):
+        built.append(seed)
+        return lens_bias.random_init("llama", d_model=16, n_layers=1, n_heads=2, d_vocab=300, n_ctx=8, seed=seed)
+
+    monkeypatch.setattr(memory, "available_bytes", lambda device=None: 64 * 2**20)
+    with pytest.raises(LensBiasError, match=r"calibrating \d+ models keeps their fingerprints.*pass n_pairs <= (\d+)") as refusal:
+        sp.calibrate(factory, inputs="tokens", n_pairs=10**12, n=100, seq_len=8, nulls=(sp.AnalyticNull(),), progress=False)
+    assert built == [0] and "\n" not in str(refusal.value)  # refused after the first model, in one line
+    # 100 inputs × d 16 × 4 bytes per model against half of 64 MiB: 5242 models, 2621 pairs
+    assert "pass n_pairs <= 2621" in str(refusal.value)
 
 
 def test_analytic_null_on_gaussian_features_through_the_whole_pipeline():
