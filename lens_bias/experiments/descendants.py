@@ -257,9 +257,7 @@ class DescendantsExperiment(Experiment):
     preset_help = "sizes (tiny: seconds on a tiny model; default: SmolLM2 in about 35 minutes on 2 CPU cores)"
     config_type = DescendantsConfig
     presets = PRESETS
-
-    def add_arguments(self, parser: Any) -> None:
-        parser.add_argument("--model", default="smollm2-135m-instruct", metavar="MODEL", help="the base model, with a tokenizer (any MODEL string)")
+    model_help = "the base model, with a tokenizer"
 
     def run(self, config: DescendantsConfig, args: Any) -> Outcome:
         result = real_descendants(load_model(args.model), config, progress=not args.no_progress)

@@ -253,9 +253,7 @@ class RealModelExperiment(Experiment):
     description = "Gu et al.'s sink table, moving the sink on text, and analyze in bf16 / fp16 against float32, on --model."
     config_type = RealModelConfig
     presets = {"default": RealModelConfig()}
-
-    def add_arguments(self, parser: Any) -> None:
-        parser.add_argument("--model", default="smollm2-135m-instruct", metavar="MODEL", help="a pretrained model with a tokenizer (any MODEL string)")
+    model_help = "a pretrained model with a tokenizer"
 
     def run(self, config: RealModelConfig, args: Any) -> Outcome:
         result = run(load_model(args.model), config)
