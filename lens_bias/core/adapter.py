@@ -166,6 +166,12 @@ def _raise_on_nonfinite(flags: Sequence[tuple[str, Tensor]], start: int, stop: i
     raise LensBiasError(f"NaN/inf first appeared at hook {hook} (sequences {start}-{stop - 1}) with finite inputs; {cause}")
 
 
+def _own(value: Tensor) -> Tensor:
+    """``value`` in storage of its own: a probe's view (e.g. the last position of ``[batch, pos, d]``) would keep the
+    whole batch's activation alive, and memory would grow with the number of batches."""
+    return value.clone() if value.untyped_storage().nbytes() > value.numel() * value.element_size() else value
+
+
 def _check_kept(kept: Mapping[str, Sequence[Tensor]], batch: int, n: int) -> None:
     """After the first batch: refuse before the kept values of all ``n`` sequences outgrow CPU memory. They are
     held twice at the end (the batches' pieces and their concatenation); the lazy inputs are drawn per batch."""
@@ -372,7 +378,7 @@ class ModelAdapter:
             def hook_fn(activation: Tensor, hook: Any) -> None:
                 finite_flags.append((hook_name, _nonfinite(activation, hook_name)))
                 for probe in group:
-                    kept[probe.key].append(probe.fn(activation).detach().float().cpu())
+                    kept[probe.key].append(_own(probe.fn(activation).detach().float().cpu()))
                 fired_this_batch.add(hook_name)
                 if fired_this_batch >= probe_hooks:
                     raise _StopForward

@@ -1,5 +1,8 @@
 """ModelAdapter: configuration, scoped hooks, early stop, batching, and a model left exactly as it was."""
 
+import gc
+import weakref
+
 import pytest
 import torch
 
@@ -7,7 +10,7 @@ import lens_bias
 from lens_bias import LensBiasError, ModelAdapter, Probe, random_tokens
 from lens_bias.core.adapter import last_position
 
-from ..conftest import BACKEND, assert_same_state, hook_snapshot, state_copy, tiny, warmed_snapshot
+from ..conftest import BACKEND, assert_same_state, hook_snapshot, shared_tiny, state_copy, tiny, warmed_snapshot
 
 READOUT = "ln_final.hook_normalized"
 
@@ -116,3 +119,21 @@ def test_interventions_are_taken_as_objects_and_a_probe_key_names_one_reduction(
     clash = [last_position("blocks.0.hook_resid_post"), Probe("blocks.0.hook_resid_post", "last", lambda x: x[:, 0])]
     with pytest.raises(LensBiasError, match="share the key 'blocks.0.hook_resid_post:last'"):
         adapter.collect(tokens, clash, progress=False)
+
+
+def test_kept_values_do_not_hold_their_batch_activation_alive():
+    # a probe that returns a view (the last position of [batch, pos, d]) must not keep the whole batch's activation
+    # alive through the batches that follow: memory would grow with N, not with the kept [N, d]
+    alive_before: list[int] = []
+    storages: list[weakref.ref] = []
+
+    def last(x: torch.Tensor) -> torch.Tensor:
+        gc.collect()
+        alive_before.append(sum(ref() is not None for ref in storages))
+        storages.append(weakref.ref(x.untyped_storage()))
+        return x[:, -1]
+
+    model = shared_tiny("gpt2")
+    kept = lens_bias.ModelAdapter(model).collect(lens_bias.random_tokens(12, 8, 97), [Probe("blocks.0.hook_resid_post", "last_view", last)],
+                                                 batch_size=4, progress=False)
+    assert alive_before == [0, 0, 0] and kept["blocks.0.hook_resid_post:last_view"].shape == (12, 64)
