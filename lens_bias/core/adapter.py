@@ -418,6 +418,7 @@ class ModelAdapter:
                         self.model(tokens)
                     except _StopForward:
                         pass
+                    memory.release_freed()
                     if fired_this_batch != probe_hooks:
                         raise LensBiasError(
                             f"hook point(s) {sorted(probe_hooks - fired_this_batch)} never fired during the forward "

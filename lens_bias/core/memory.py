@@ -15,8 +15,12 @@ resident memory of real passes on TL 3 and TL 4 (``benchmarks/bench_memory.py`` 
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any, Union
 
@@ -24,7 +28,8 @@ import torch
 
 from lens_bias.core.errors import LensBiasError
 
-__all__ = ["available_bytes", "forward_bytes", "train_bytes", "plan_batch", "check_train", "check_device", "format_bytes", "MEMORY_FRACTION"]
+__all__ = ["available_bytes", "forward_bytes", "train_bytes", "plan_batch", "check_train", "check_device", "format_bytes", "MEMORY_FRACTION",
+           "release_freed"]
 
 logger = logging.getLogger(__name__)
 
@@ -243,3 +248,27 @@ def check_train(info: Any, *, batch_size: int, seq_len: int, n_params: int, devi
         f"{format_bytes(budget)} of {torch.device(device).type} memory can be used ({MEMORY_FRACTION:.0%} of "
         f"{format_bytes(free)} available); {fix}"
     )
+
+
+@functools.lru_cache(maxsize=1)
+def _malloc_trim() -> Any:
+    """glibc's ``malloc_trim``, or None (another C library, another system)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim
+    except (OSError, AttributeError, TypeError):
+        return None
+
+
+def release_freed() -> None:
+    """Give the pages of freed heap memory back to the system (glibc ``malloc_trim(0)``; nothing elsewhere).
+
+    A pass frees each batch's activations, but glibc serves them from the heap once large frees have raised its
+    dynamic mmap threshold, and the small values kept between them pin the heap: without this, the resident memory
+    of a long pass grew with its batches, by up to 4 GB over 100 batches in 2 runs of 3 (analyze, N 20,000). Called
+    after every batch; it costs well under a millisecond.
+    """
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
