@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
     from transformers import AutoModelForCausalLM
 
     import lens_bias
-    from lens_bias.core.offload import return_freed_memory
+    from lens_bias.core.memory import return_freed_memory
     from lens_bias.models.huggingface import from_hf
 
     with tempfile.TemporaryDirectory() as folder:

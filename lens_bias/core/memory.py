@@ -29,7 +29,7 @@ import torch
 from lens_bias.core.errors import LensBiasError
 
 __all__ = ["available_bytes", "forward_bytes", "train_bytes", "plan_batch", "check_train", "check_device", "format_bytes", "MEMORY_FRACTION",
-           "release_freed"]
+           "release_freed", "return_freed_memory"]
 
 logger = logging.getLogger(__name__)
 
@@ -250,15 +250,22 @@ def check_train(info: Any, *, batch_size: int, seq_len: int, n_params: int, devi
     )
 
 
+# glibc's mallopt parameter, and its initial value: fixing the threshold also turns its dynamic raising off
+_M_MMAP_THRESHOLD = -3
+_MMAP_THRESHOLD = 128 * 1024
+
+
 @functools.lru_cache(maxsize=1)
-def _malloc_trim() -> Any:
-    """glibc's ``malloc_trim``, or None (another C library, another system)."""
+def _glibc() -> Any:
+    """The C library when it is glibc (it has ``malloc_trim`` and ``mallopt``), else None."""
     if not sys.platform.startswith("linux"):
         return None
     try:
-        return ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        libc.malloc_trim, libc.mallopt  # noqa: B018  (musl and others have neither)
     except (OSError, AttributeError, TypeError):
         return None
+    return libc
 
 
 def release_freed() -> None:
@@ -269,6 +276,17 @@ def release_freed() -> None:
     of a long pass grew with its batches, by up to 4.6 GB over 100 batches in 2 runs of 3 (analyze, N 20,000). Called
     after every batch; it costs well under a millisecond.
     """
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
+def return_freed_memory() -> bool:
+    """Make glibc serve every allocation above 128 KiB with its own mapping, returned to the system when freed (a
+    process-wide malloc setting, ``mallopt(M_MMAP_THRESHOLD, 128 KiB)``): what an offloaded model needs, whose
+    layers' weights are allocated and freed inside each forward. Returns whether it was set (glibc only)."""
+    libc = _glibc()
+    done = libc is not None and bool(libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD))
+    if done:
+        logger.info("glibc mmap threshold fixed at %d bytes: freed weights and activations go back to the system", _MMAP_THRESHOLD)
+    return done

@@ -11,27 +11,18 @@ weights for the read.
 On glibc, memory freed after a layer's forward stays in the heap once its blocks have raised malloc's dynamic
 mmap threshold, so the resident memory of an offloaded pass grows towards the whole model's size (measured on
 SmolLM2: 670–720 MiB of anonymous memory at the peak, against 220 MiB with a fixed threshold).
-:func:`return_freed_memory` fixes the threshold for the process when a model is loaded offloaded.
+:func:`lens_bias.core.memory.return_freed_memory` fixes the threshold for the process when a model is loaded offloaded.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
-import logging
-import sys
 from typing import Any, Iterator
 
 import torch
 from torch import Tensor
 
-__all__ = ["is_dispatched", "is_offloaded", "execution_device", "read_weight", "return_freed_memory"]
-
-logger = logging.getLogger(__name__)
-
-_M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
-_MMAP_THRESHOLD = 128 * 1024  # glibc's initial value; fixing it also turns its dynamic raising off
+__all__ = ["is_dispatched", "is_offloaded", "execution_device", "read_weight"]
 
 
 def is_dispatched(model: Any) -> bool:
@@ -80,18 +71,3 @@ def read_weight(component: Any, name: str) -> Tensor:
     with _loaded(module):
         return getattr(component, name).detach().clone()
 
-
-def return_freed_memory() -> bool:
-    """Make glibc serve every allocation above 128 KiB with its own mapping, returned to the system when freed (a
-    process-wide malloc setting, ``mallopt(M_MMAP_THRESHOLD, 128 KiB)``). Returns whether it was set (glibc only)."""
-    if not sys.platform.startswith("linux"):
-        return False
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name)
-        done = bool(libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD))
-    except (OSError, AttributeError, TypeError):  # not glibc (musl has no mallopt)
-        return False
-    if done:
-        logger.info("glibc mmap threshold fixed at %d bytes: an offloaded layer's weights are returned after its forward", _MMAP_THRESHOLD)
-    return done

@@ -179,16 +179,22 @@ def real_descendants(
         tuned, run = fine_tune(m, cfg.finetune_steps, data=data, lr=cfg.finetune_lr, batch_size=cfg.finetune_batch, eval_blocks=cfg.eval_blocks, progress=False)
         return tuned, run.final_eval_loss
 
+    made: dict[str, Any] = {}  # descendants later ones are made from
+
+    def keep(key: str, made_as: tuple[Any, float | None]) -> tuple[Any, float | None]:
+        made[key] = made_as[0]
+        return made_as
+
     rotated = f"rotated (seed {cfg.basis_seed})"
     makers: list[tuple[str, tuple, Callable[[], tuple[Any, float | None]]]] = [
         ("int8", _KEEPS_BASIS, lambda: (quantize(model, 8, cfg.group_size), None)),
         ("4-bit", _KEEPS_BASIS, lambda: (quantize(model, 4, cfg.group_size), None)),
         (f"prune {cfg.prune_fraction:.0%}", _KEEPS_BASIS, lambda: (prune(model, cfg.prune_fraction), None)),
         (f"low-rank delta r{cfg.lora_rank}", _KEEPS_BASIS, lambda: (low_rank_delta(model, cfg.lora_rank, cfg.lora_scale, cfg.lora_seed), None)),
-        (f"fine-tune {cfg.finetune_steps} steps", _KEEPS_BASIS, lambda: tune(model)),
+        (f"fine-tune {cfg.finetune_steps} steps", _KEEPS_BASIS, lambda: keep("tuned", tune(model))),
         (f"merge(base, fine-tune) w {cfg.merge_weight:g}", _KEEPS_BASIS, lambda: (merge(model, made["tuned"], cfg.merge_weight), None)),
         (f"permuted (seed {cfg.basis_seed})", _PERMUTED, lambda: (permute_residual(model, cfg.basis_seed), None)),
-        (rotated, _ROTATED, lambda: (made["rotated"], None)),
+        (rotated, _ROTATED, lambda: keep("rotated", (rotate_residual(model, cfg.basis_seed), None))),
         (f"{rotated}, fine-tuned {cfg.finetune_steps} steps", _ROTATED, lambda: tune(made["rotated"])),
         (f"{rotated}, 4-bit", _ROTATED, lambda: (quantize(made["rotated"], 4, cfg.group_size), None)),
     ]
@@ -197,17 +203,14 @@ def real_descendants(
     prints, rows, covers = {"base": base}, [], {}
     bar.update()
     base_loss = evaluate(model, held_out)
-    made: dict[str, Any] = {}
     for name, covered, make in makers:
         began = time.perf_counter()
-        if name == rotated:
-            made["rotated"] = rotate_residual(model, cfg.basis_seed)
         target, loss = make()
-        if name.startswith("fine-tune"):
-            made["tuned"] = target
         prints[name] = fingerprint(target)
         covers[name] = covered
-        rows.append({"target": name, "kind": "descendant", "weight_change": relative_change(model, target) if not name.startswith(("permuted", "rotated")) else float("nan"),
+        # a weight change is only defined in the base's basis
+        change = relative_change(model, target) if covered == _KEEPS_BASIS else float("nan")
+        rows.append({"target": name, "kind": "descendant", "weight_change": change,
                      "eval_loss": evaluate(target, held_out) if loss is None else loss, "seconds": time.perf_counter() - began})
         logger.info("%s fingerprinted (%.0f s so far)", name, time.perf_counter() - started)
         bar.update()

@@ -24,7 +24,7 @@ from typing import Any, Union
 
 import torch
 
-from lens_bias.core import offload, tl
+from lens_bias.core import memory, tl
 from lens_bias.core.errors import LensBiasError
 from lens_bias.models.init import mark, resolve_backend
 
@@ -213,7 +213,7 @@ def pretrained(
     if offloading and device is not None:
         raise LensBiasError("pass device= or a device map (device_map / max_memory / offload_folder), not both: the map places every layer")
     if offloading:
-        offload.return_freed_memory()
+        memory.return_freed_memory()
     hf, tokenizer = load_hf(name_or_path, dtype=dtype or torch.float32, device_map=device_map, max_memory=max_memory, offload_folder=offload_folder)
     model = from_hf(hf, tokenizer, backend=backend, model_name=Path(str(name_or_path)).name)
     if device is not None and torch.device(device) != torch.device("cpu"):

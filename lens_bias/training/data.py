@@ -73,6 +73,8 @@ class TokenData:
         """
         if not 0 < eval_fraction < 1:
             raise LensBiasError(f"eval_fraction must be in (0, 1), got {eval_fraction}")
+        if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
+            raise LensBiasError(f"seq_len must be a positive int, got {seq_len!r}")
         folder = Path(cache) if cache is not None else cache_dir()
         folder.mkdir(parents=True, exist_ok=True)
         if isinstance(tokenizer_from, TokenData):

@@ -150,6 +150,9 @@ def train(
     Returns:
         A :class:`TrainingRun`.
     """
+    for name, value in (("steps", steps), ("batch_size", batch_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise LensBiasError(f"{name} must be a positive int, got {value!r}")
     adapter = ModelAdapter(model)
     if data.vocab_size > adapter.info.d_vocab:
         raise LensBiasError(f"the tokenizer has {data.vocab_size} tokens but the model's d_vocab is {adapter.info.d_vocab}")
