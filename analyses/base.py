@@ -136,6 +136,8 @@ def run_analyses(
     ``interventions``: lens_bias.hooks interventions and/or ``(hook_name, fn)`` pairs attached for the pass, in
     order (:func:`lens_bias.hooks.base.edit_hooks`).
     """
+    if spec.n != inputs.shape[0]:  # sums over sequences are divided by spec.n
+        raise LensBiasError(f"the input spec says {spec.n} sequences but the inputs hold {inputs.shape[0]}; describe the inputs passed")
     refused = [a.name for a in analyses if not a.applies_to(adapter.info)]
     if refused:
         kind = "attention-only " if adapter.info.attn_only else ""
@@ -158,8 +160,8 @@ def measure(
     >>> import lens_bias
     >>> from lens_bias.analyses.sinks import Sinks
     >>> m = lens_bias.random_init("llama", d_model=64, n_layers=2, n_heads=4, d_vocab=97, n_ctx=16)
-    >>> measure(m, lens_bias.random_tokens(4, 8, 97), [Sinks()])["sinks"].alpha.shape
-    torch.Size([4, 2, 4, 8])
+    >>> measure(m, lens_bias.random_tokens(4, 8, 97), [Sinks()])["sinks"].alpha_mean.shape  # [layer, head, key]
+    torch.Size([2, 4, 8])
     """
     spec = InputSpec(kind="tokens", n=tokens.shape[0], seq_len=tokens.shape[1], seed=None)
     return run_analyses(ModelAdapter(model), tokens, spec, analyses, batch_size=batch_size, interventions=interventions, progress=progress)

@@ -1,12 +1,14 @@
 """Contraction: how hidden states of random inputs collapse toward one seed-fixed direction, layer by layer.
 
-Two cosines per layer, both at no O(N²) memory (``lens_bias.core.stats.mean_pairwise_cosine``):
+Two cosines per layer, both from sums over sequences taken inside the hooks, so memory does not grow with N
+(``lens_bias.core.stats.mean_pairwise_cosine``, whose identity needs only Σ of the unit vectors):
 - inter-sequence: mean pairwise cosine of the last-position states of different sequences. MLP asymmetry
   (ReLU/GELU/SiLU have non-zero mean) drives it up; odd activations and attention alone leave it ≈ 0.
 - intra-sequence: mean pairwise cosine across the positions of one sequence, averaged over sequences. Causal
   attention averages value vectors over the prefix and drives it up.
 The seed direction is the mean of the unit-normalised final states; the energy share of a layer is
-E[(x·s)²] / E[‖x‖²] for its last-position states x (1/d_model for a direction unrelated to the states).
+E[(x·s)²] / E[‖x‖²] = sᵀGs / tr G for its last-position states x, with G = Σ x xᵀ summed in the pass (a d_model²
+total per layer, less than the layer's weights; 1/d_model for a direction unrelated to the states).
 """
 
 from __future__ import annotations
@@ -20,12 +22,13 @@ from jaxtyping import Float
 from torch import Tensor
 
 from lens_bias.analyses.base import Analysis, Result
-from lens_bias.core.adapter import READOUT, ModelAdapter, Probe, last_position
+from lens_bias.core.adapter import READOUT, ModelAdapter, Probe, last_unit_sum
+from lens_bias.core.errors import LensBiasError
 from lens_bias.core.figures import new_figure
 from lens_bias.core.inputs import InputSpec
 from lens_bias.core.stats import mean_pairwise_cosine, unit
 
-__all__ = ["Contraction", "ContractionResult", "intra_probe", "plot_contraction"]
+__all__ = ["Contraction", "ContractionResult", "plot_contraction"]
 
 
 def plot_contraction(table: pd.DataFrame) -> Any:
@@ -50,9 +53,19 @@ def plot_contraction(table: pd.DataFrame) -> Any:
     return fig
 
 
-def intra_probe(hook: str) -> Probe:
-    """Mean pairwise cosine across the positions of each sequence, reduced inside the hook: [batch, pos, d] -> [batch]."""
-    return Probe(hook, "intra_cosine", mean_pairwise_cosine)
+def _last_probes(hook: str) -> dict[str, Probe]:
+    """Sums over the batch at the last position: Σ unit(x) [d], G = Σ x xᵀ [d, d]; and Σ of each sequence's mean
+    pairwise cosine across its positions []."""
+
+    def gram(x: Tensor) -> Tensor:
+        last = x[:, -1].float()
+        return last.T @ last
+
+    def intra_sum(x: Tensor) -> Tensor:
+        return mean_pairwise_cosine(x).sum()
+
+    return {"unit_sum": last_unit_sum(hook), "gram": Probe(hook, "last_gram", gram, combine="sum"),
+            "intra": Probe(hook, "intra_cosine_sum", intra_sum, combine="sum")}
 
 
 @dataclass
@@ -131,25 +144,27 @@ class Contraction(Analysis):
         return labels, hooks + [READOUT]
 
     def probes(self, adapter: ModelAdapter) -> dict[Hashable, Probe]:
-        probes: dict[Hashable, Probe] = {}
-        for label, hook in zip(*self._hooks(adapter)):
-            probes["last", label], probes["intra", label] = last_position(hook), intra_probe(hook)
-        return probes
+        return {(kind, label): probe for label, hook in zip(*self._hooks(adapter)) for kind, probe in _last_probes(hook).items()}
 
     def finalize(self, adapter: ModelAdapter, kept: Mapping[Hashable, Tensor], spec: InputSpec) -> ContractionResult:
         labels, hooks = self._hooks(adapter)
-        last = torch.stack([kept["last", label] for label in labels])  # [layer, N, d]
-        intra = torch.stack([kept["intra", label].mean() for label in labels])  # [layer]
-        mean_dirs = unit(unit(last).mean(dim=1))  # [layer, d]
+        n = spec.n
+        if n < 2:
+            raise LensBiasError(f"contraction compares sequences: it needs at least 2, got {n}")
+        unit_sums = torch.stack([kept["unit_sum", label] for label in labels])  # [layer, d], float64
+        # Σ_{i≠j} u_i·u_j = ‖Σ u_i‖² − n for unit vectors (mean_pairwise_cosine's identity)
+        inter = (unit_sums.pow(2).sum(dim=-1) - n) / (n * (n - 1))
+        mean_dirs = unit(unit_sums)  # [layer, d]
         seed = mean_dirs[-1]
-        energy = (last @ seed).pow(2).mean(dim=1) / last.pow(2).sum(dim=-1).mean(dim=1)
+        s = seed.double()
+        energy = torch.stack([s @ kept["gram", label] @ s / kept["gram", label].trace() for label in labels])
         return ContractionResult(
             layers=labels,
             hooks=hooks,
-            inter=mean_pairwise_cosine(last),
-            intra=intra,
-            energy_share=energy,
+            inter=inter.float(),
+            intra=torch.stack([kept["intra", label] / n for label in labels]).float(),
+            energy_share=energy.float(),
             cos_to_seed=mean_dirs @ seed,
             seed_direction=seed,
-            n=last.shape[1],
+            n=n,
         )

@@ -12,7 +12,8 @@ as the stream is built up. A component with a large shared part along s creates 
 direction; attention on random tokens has (almost) no shared part of its own.
 
 ``positions="last"`` uses the readout position; ``positions="all"`` treats every (sequence, position) as an
-input, reducing inside the hook to per-sequence sums so memory stays O(N·d).
+input. Both sum inside the hooks over the batch (Σx and Σ‖x‖²), so memory does not grow with N; the check that
+the components add back to the residual reads the first batch's sequences.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from lens_bias.analyses.base import Analysis, Result
-from lens_bias.core.adapter import READOUT, ModelAdapter, Probe, last_position
+from lens_bias.core.adapter import READOUT, ModelAdapter, Probe, last_unit_sum
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.inputs import InputSpec
 from lens_bias.core.stats import unit
@@ -46,10 +47,23 @@ def components(adapter: ModelAdapter) -> list[tuple[str, str]]:
     return parts
 
 
-def _sums(x: Float[Tensor, "batch pos d"]) -> Float[Tensor, "batch d_plus_1"]:
-    """Per sequence: the sum over positions of x, and of ‖x‖² (the last column)."""
-    x = x.float()
-    return torch.cat([x.sum(dim=1), x.pow(2).sum(dim=(1, 2))[:, None]], dim=-1)
+def _rows(x: Float[Tensor, "batch pos d"], positions: str) -> Float[Tensor, "batch ... d"]:
+    return x[:, -1:].float() if positions == "last" else x.float()
+
+
+def _moments_probe(hook: str, positions: str) -> Probe:
+    def fn(x: Tensor) -> Tensor:  # [batch, pos, d] -> [d + 1]: Σ x over the batch (and positions), then Σ ‖x‖²
+        rows = _rows(x, positions)
+        return torch.cat([rows.sum(dim=(0, 1)), rows.pow(2).sum()[None]])
+
+    return Probe(hook, f"moments_{positions}", fn, combine="sum")
+
+
+def _first_batch_probe(hook: str, positions: str) -> Probe:
+    def fn(x: Tensor) -> Tensor:  # [batch, pos, d] -> [batch, d]: each sequence's x (at the last position, or summed)
+        return _rows(x, positions).sum(dim=1)
+
+    return Probe(hook, f"first_batch_{positions}", fn, combine="first")
 
 
 @dataclass
@@ -66,7 +80,7 @@ class DecompositionResult(Result):
     seed_projection: Float[Tensor, "component"]  # μ_c · s
     cumulative_cos_to_seed: Float[Tensor, "component"]  # cos(Σ_{c'≤c} μ_c', s)
     cumulative_shared_norm: Float[Tensor, "component"]  # ‖Σ_{c'≤c} μ_c'‖
-    reconstruction_error: float  # max relative error of Σ_c x_c against the residual after the last block
+    reconstruction_error: float  # max relative error of Σ_c x_c against the residual after the last block (first batch)
     positions: str
 
     @property
@@ -140,29 +154,24 @@ class Decomposition(Analysis):
         if self.positions not in ("last", "all"):
             raise LensBiasError(f"positions must be 'last' or 'all', got {self.positions!r}")
 
-    def _probe(self, hook: str) -> Probe:
-        return last_position(hook) if self.positions == "last" else Probe(hook, "sums", _sums)
-
     def _target(self, adapter: ModelAdapter) -> str:
         return f"blocks.{adapter.info.n_layers - 1}.hook_resid_post"
 
     def probes(self, adapter: ModelAdapter) -> dict[Hashable, Probe]:
-        parts: dict[Hashable, Probe] = {("component", name): self._probe(hook) for name, hook in components(adapter)}
-        return {**parts, "target": self._probe(self._target(adapter)), "final": last_position(READOUT)}
+        probes: dict[Hashable, Probe] = {"final": last_unit_sum(READOUT)}
+        for name, hook in [*components(adapter), ("target", self._target(adapter))]:
+            probes["moments", name] = _moments_probe(hook, self.positions)
+            probes["first", name] = _first_batch_probe(hook, self.positions)
+        return probes
 
     def finalize(self, adapter: ModelAdapter, kept: Mapping[Hashable, Tensor], spec: InputSpec) -> DecompositionResult:
         names, hooks = zip(*components(adapter))
-        seed = unit(unit(kept["final"]).mean(0))
-        values = torch.stack([kept["component", name] for name in names]).double()  # [component, N, d(+1)]
-        target = kept["target"].double()
-        if self.positions == "last":
-            count = values.shape[1]
-            sums, sq = values.sum(dim=1), values.pow(2).sum(dim=(1, 2))
-            rows, rows_target = values, target
-        else:
-            count = values.shape[1] * spec.seq_len
-            sums, sq = values[..., :-1].sum(dim=1), values[..., -1].sum(dim=1)
-            rows, rows_target = values[..., :-1], target[..., :-1]
+        seed = unit(kept["final"])
+        moments = torch.stack([kept["moments", name] for name in names])  # [component, d + 1], float64
+        count = spec.n * (1 if self.positions == "last" else spec.seq_len)
+        sums, sq = moments[:, :-1], moments[:, -1]
+        rows = torch.stack([kept["first", name] for name in names]).double()  # [component, batch, d]
+        rows_target = kept["first", "target"].double()
         mean = sums / count  # [component, d]
         shared = mean.pow(2).sum(-1)
         cumulative = mean.cumsum(dim=0)

@@ -195,8 +195,8 @@ class MassiveActivationsResult(Result):
         return text
 
 
-def _input_max(x: Tensor) -> Tensor:  # [batch, pos, d] -> [batch]
-    return x.float().abs().flatten(1).max(dim=1).values
+def _input_max(x: Tensor) -> Tensor:  # [batch, pos, d] -> []
+    return x.float().abs().max()
 
 
 @dataclass(frozen=True)
@@ -222,7 +222,7 @@ class MassiveActivations(Analysis):
 
     def probes(self, adapter: ModelAdapter) -> dict[Hashable, Probe]:
         probes: dict[Hashable, Probe] = {layer: _top_probe(f"blocks.{layer}.hook_resid_post", self.top) for layer in range(adapter.info.n_layers)}
-        probes["input"] = Probe("blocks.0.hook_resid_pre", "max_abs", _input_max)
+        probes["input"] = Probe("blocks.0.hook_resid_pre", "max_abs", _input_max, combine="max")
         return probes
 
     def finalize(self, adapter: ModelAdapter, kept: Mapping[Hashable, Tensor], spec: InputSpec) -> MassiveActivationsResult:
@@ -233,7 +233,7 @@ class MassiveActivations(Analysis):
             top_positions=packed[..., top : 2 * top].long(),
             top_dims=packed[..., 2 * top : 3 * top].long(),
             sequence_median=packed[..., -1],
-            input_max=kept["input"].max().item(),
+            input_max=kept["input"].item(),
             massive_abs=float(self.massive_abs),
             massive_ratio=float(self.massive_ratio),
         )

@@ -8,7 +8,7 @@ from 1"). Measured per head before W_O (``attn.hook_z``) and per layer after it 
     std_t = sqrt(mean over dimensions of Var over sequences of x[:, t, d]),   r_t = std_t / std_0,
 
 and the exponent α of r_t ∝ (t + 1)^-α by least squares on log–log axes (α = 0.5 at init). Moments are summed
-inside the hooks, one row per batch, so memory does not grow with the number of sequences.
+inside the hooks and added up over batches, so memory does not grow with the number of sequences.
 """
 
 from __future__ import annotations
@@ -31,21 +31,21 @@ __all__ = ["PositionalVariance", "PositionalVarianceResult", "fit_exponent", "pr
 
 
 def _moments(x: Tensor) -> Tensor:
-    """[batch, pos, ...] -> [1, 3, pos, ...]: this batch's count, Σx and Σx² over sequences."""
+    """[batch, pos, ...] -> [3, pos, ...]: this batch's count, Σx and Σx² over sequences."""
     x = x.float()
-    return torch.stack([torch.full_like(x[0], x.shape[0]), x.sum(dim=0), x.pow(2).sum(dim=0)])[None]
+    return torch.stack([torch.full_like(x[0], x.shape[0]), x.sum(dim=0), x.pow(2).sum(dim=0)])
 
 
 def _moment_probe(hook: str) -> Probe:
-    return Probe(hook, "sequence_moments", _moments)
+    return Probe(hook, "sequence_moments", _moments, combine="sum")
 
 
 def _std(moments: Tensor) -> Tensor:
-    """Summed batch moments [batches, 3, pos, ..., d] -> std over sequences pooled over the last axis [pos, ...]."""
-    count, total, squares = moments.sum(dim=0)
+    """Moments summed over every sequence [3, pos, ..., d] -> std over sequences pooled over the last axis [pos, ...]."""
+    count, total, squares = moments
     mean = total / count
     var = (squares / count - mean.pow(2)) * count / (count - 1)  # unbiased over sequences
-    return var.clamp_min(0).mean(dim=-1).sqrt()
+    return var.clamp_min(0).mean(dim=-1).sqrt().float()
 
 
 def _relative(std: Tensor) -> Tensor:
@@ -224,7 +224,7 @@ class PositionalVariance(Analysis):
 
     def finalize(self, adapter: ModelAdapter, kept: Mapping[Hashable, Tensor], spec: InputSpec) -> PositionalVarianceResult:
         layers = range(adapter.info.n_layers)
-        # hook_z moments are [batches, 3, pos, head, d_head]: pool over d_head, then put heads first.
+        # hook_z moments are [3, pos, head, d_head]: pool over d_head, then put heads first.
         std_z = torch.stack([_std(kept["z", layer]).T for layer in layers])
         std_out = torch.stack([_std(kept["out", layer]) for layer in layers])
         return PositionalVarianceResult(std_z=std_z, std_out=std_out, n=spec.n, regime=adapter.info.regime)

@@ -72,10 +72,10 @@ class Condition:
 
 
 def _mean_state_probe(hook: str) -> Probe:
-    def fn(x: Tensor) -> Tensor:  # [batch, pos, d] -> [1, d]: Σ over the batch and positions ≥ 1
-        return x[:, 1:].float().sum(dim=(0, 1))[None]
+    def fn(x: Tensor) -> Tensor:  # [batch, pos, d] -> [d]: Σ over the batch and positions ≥ 1
+        return x[:, 1:].float().sum(dim=(0, 1))
 
-    return Probe(hook, "sum_after_first", fn)
+    return Probe(hook, "sum_after_first", fn, combine="sum")
 
 
 def _mean_states(model: Any, calibration: Tensor, batch_size: int | None) -> Float[Tensor, "layer d_model"]:
@@ -84,7 +84,7 @@ def _mean_states(model: Any, calibration: Tensor, batch_size: int | None) -> Flo
     probes = [_mean_state_probe(f"blocks.{layer}.hook_resid_post") for layer in range(adapter.info.n_layers)]
     kept = adapter.collect(calibration, probes, batch_size=batch_size, progress=False, desc="calibration means")
     count = calibration.shape[0] * (calibration.shape[1] - 1)
-    return torch.stack([kept[p.key].sum(dim=0) / count for p in probes])
+    return torch.stack([kept[p.key] / count for p in probes]).float()
 
 
 def _at_every_block(n_layers: int, dims: Sequence[int], values: Tensor) -> Compose:
@@ -330,7 +330,7 @@ def sink_attribution(
     adapter = ModelAdapter(model)
     n_layers = adapter.info.n_layers
     dims = _massive_dims(chosen, model, calibration, batch_size)
-    sinks = Sinks(eps=eps)
+    sinks = Sinks(eps=eps, per_sequence=True)  # paired tests between conditions read α of every sequence
     spec = InputSpec(kind="tokens", n=tokens.shape[0], seq_len=tokens.shape[1], seed=None)
     extra = {("massive", layer): Probe(f"blocks.{layer}.hook_resid_post", f"abs@0x{dims}", lambda x: x[:, 0, dims].float().abs().max(dim=-1).values)
              for layer in range(n_layers)}

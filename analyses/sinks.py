@@ -4,7 +4,10 @@ its residual norm.
 Per head, the importance of key position k (0-based) is the mean attention it receives from the queries that
 can see it, α_k = (1/(T − k)) Σ_{t ≥ k} A[t, k], diagonal included; Sink_k^ε is the percentage of
 (sequence, layer, head) triples with α_k > ε (strict; default ε = 0.3, Gu et al.'s threshold). α is computed
-inside the ``hook_pattern`` hook (a reduction over queries), so no [N, L, H, T, T] pattern is ever held.
+inside the ``hook_pattern`` hook (a reduction over queries), so no [N, L, H, T, T] pattern is ever held, and
+summed over sequences there (Σα, and the count above every ε of ``THRESHOLDS`` and the analysis' own), so memory
+does not grow with N; ``Sinks(per_sequence=True)`` also keeps α of every sequence ``[N, L, H, T]`` (paired tests,
+rates at any ε).
 Sink_k falls with T: compare rates at the same sequence length.
 
 The first token's residual norm is ‖h_0‖ divided by the median ‖h_t‖ over the other positions of the same
@@ -27,9 +30,11 @@ from lens_bias.core.errors import LensBiasError
 from lens_bias.core.figures import integer_ticks, new_figure
 from lens_bias.core.inputs import InputSpec
 
-__all__ = ["Sinks", "SinksResult", "sink_rate", "key_importance"]
+__all__ = ["Sinks", "SinksResult", "sink_rate", "key_importance", "THRESHOLDS"]
 
 DEFAULT_EPS = 0.3
+# The ε at which every pass counts α > ε (besides the analysis' own): rates at these need no α per sequence.
+THRESHOLDS = tuple(round(0.05 * k, 2) for k in range(20))  # 0.0, 0.05, …, 0.95
 
 
 def _check_eps(eps: float) -> None:
@@ -86,34 +91,59 @@ def _importance_probe(hook: str) -> Probe:
     return Probe(hook, "key_importance", key_importance)  # [batch, head, T, T] -> [batch, head, T]
 
 
-def _first_token_norm_ratio(resid: Float[Tensor, "batch pos d"]) -> Float[Tensor, "batch"]:
+def _importance_sums_probe(hook: str, thresholds: tuple[float, ...]) -> Probe:
+    def fn(patterns: Tensor) -> Tensor:  # [batch, head, T, T] -> [1 + K, head, T]: Σ α, then the count of α > ε_k
+        alpha = key_importance(patterns)
+        return torch.stack([alpha.sum(dim=0), *((alpha > eps).sum(dim=0).float() for eps in thresholds)])
+
+    return Probe(hook, f"key_importance_sums@{list(thresholds)}", fn, combine="sum")
+
+
+def _first_token_norm_ratio_sum(resid: Float[Tensor, "batch pos d"]) -> Float[Tensor, ""]:
     norms = resid.float().norm(dim=-1)
-    return norms[:, 0] / norms[:, 1:].median(dim=1).values
+    return (norms[:, 0] / norms[:, 1:].median(dim=1).values).sum()
 
 
 @dataclass
 class SinksResult(Result):
-    """α for every (sequence, layer, head, key position), the sink rates and the first token's residual norm."""
+    """Mean α and the share above ε for every (layer, head, key position), the sink rates and the first token's
+    residual norm; α of every sequence when measured with ``Sinks(per_sequence=True)``."""
 
-    alpha: Float[Tensor, "n layer head key"]
+    alpha_mean: Float[Tensor, "layer head key"]  # mean α over sequences
+    thresholds: list[float]  # the ε at which α > ε was counted in the pass (THRESHOLDS and eps)
+    above: Float[Tensor, "threshold layer head key"]  # % of sequences with α > thresholds[i]
     norm_ratio: Float[Tensor, "layer"]  # mean over sequences of ‖h_0‖ / median_t≥1 ‖h_t‖ after each block
     eps: float
+    n: int
+    alpha: Float[Tensor, "n layer head key"] | None = None  # per sequence: Sinks(per_sequence=True) only
 
     heading = "Attention sinks"
     headline_labels = {"sink_rate_0": "Sink_0 (%)", "first_token_share": "first-token share α_0", "norm_ratio_0_max": "max ‖h_0‖ / median ‖h_t‖"}
     plot_caption = "first-token sink per layer and head"
 
+    def _above(self, eps: float | None) -> Float[Tensor, "layer head key"]:
+        """% of sequences with α > eps per (layer, head, key): counted in the pass at the thresholds, else from α."""
+        eps = self.eps if eps is None else eps
+        _check_eps(eps)
+        if self.alpha is not None:
+            return (self.alpha > eps).float().mean(dim=0) * 100
+        if eps not in self.thresholds:
+            raise LensBiasError(
+                f"these sinks were counted at ε in {self.thresholds}; for ε {eps} measure with Sinks(eps={eps}) or Sinks(per_sequence=True)"
+            )
+        return self.above[self.thresholds.index(eps)]
+
     def rate(self, eps: float | None = None) -> Float[Tensor, "key"]:
         """Sink_k^ε in percent for every key position (``eps`` defaults to the analysis' threshold)."""
-        return rate_from_importance(self.alpha, self.eps if eps is None else eps)
+        return self._above(eps).mean(dim=(0, 1))
 
     def rate_by_head(self, position: int = 0, eps: float | None = None) -> Float[Tensor, "layer head"]:
         """Sink rate of one key position per (layer, head), in percent over sequences."""
-        return ((self.alpha[..., position] > (self.eps if eps is None else eps)).float().mean(dim=0)) * 100
+        return self._above(eps)[..., position]
 
     def share(self, position: int = 0) -> Float[Tensor, "layer head"]:
         """Mean α of one key position per (layer, head); for position 0 the first token's attention share."""
-        return self.alpha[..., position].mean(dim=0)
+        return self.alpha_mean[..., position]
 
     def plot(self, position: int = 0, eps: float | None = None) -> Any:
         """Sink rate of one key position as a layer × head heatmap."""
@@ -142,7 +172,7 @@ class SinksResult(Result):
         )
 
     def to_pandas(self) -> pd.DataFrame:
-        n_layers, n_heads = self.alpha.shape[1:3]
+        n_layers, n_heads = self.alpha_mean.shape[:2]
         rate, share = self.rate_by_head(0), self.share(0)
         return pd.DataFrame(
             [
@@ -163,7 +193,7 @@ class SinksResult(Result):
             "argmax_later": int(later.argmax()) + 1 if len(later) else None,
             "first_token_share": self.share(0).mean().item(),
             # α_0 under uniform causal attention: (1/T) Σ_t 1/(t+1), the no-sink reference for the share.
-            "uniform_share": sum(1 / (t + 1) for t in range(self.alpha.shape[-1])) / self.alpha.shape[-1],
+            "uniform_share": sum(1 / (t + 1) for t in range(self.alpha_mean.shape[-1])) / self.alpha_mean.shape[-1],
             "norm_ratio_0_max": self.norm_ratio.max().item(),
         }
 
@@ -177,19 +207,35 @@ class Sinks(Analysis):
     order = 60
     trained_order = 10
     eps: float = DEFAULT_EPS
+    # Keep α of every sequence ([N, L, H, T] floats: memory grows with N) for paired tests and rates at other ε;
+    # the rates at eps and the mean α are summed in the pass either way.
+    per_sequence: bool = False
 
     def __post_init__(self) -> None:
         _check_eps(self.eps)
 
+    def _thresholds(self) -> tuple[float, ...]:
+        return tuple(sorted({*THRESHOLDS, self.eps}))
+
     def probes(self, adapter: ModelAdapter) -> dict[Hashable, Probe]:
         probes: dict[Hashable, Probe] = {}
         for layer in range(adapter.info.n_layers):
-            probes["alpha", layer] = _importance_probe(f"blocks.{layer}.attn.hook_pattern")
-            probes["norm_ratio", layer] = Probe(f"blocks.{layer}.hook_resid_post", "first_token_norm_ratio", _first_token_norm_ratio)
+            pattern = f"blocks.{layer}.attn.hook_pattern"
+            probes["sums", layer] = _importance_sums_probe(pattern, self._thresholds())
+            if self.per_sequence:
+                probes["alpha", layer] = _importance_probe(pattern)
+            probes["norm_ratio", layer] = Probe(f"blocks.{layer}.hook_resid_post", "first_token_norm_ratio_sum", _first_token_norm_ratio_sum, combine="sum")
         return probes
 
     def finalize(self, adapter: ModelAdapter, kept: Mapping[Hashable, Tensor], spec: InputSpec) -> SinksResult:
-        layers = range(adapter.info.n_layers)
-        alpha = torch.stack([kept["alpha", layer] for layer in layers], dim=1)
-        ratios = torch.stack([kept["norm_ratio", layer].mean() for layer in layers])
-        return SinksResult(alpha=alpha, norm_ratio=ratios, eps=self.eps)
+        layers, n = range(adapter.info.n_layers), spec.n
+        sums = torch.stack([kept["sums", layer] for layer in layers], dim=1) / n  # [1 + K, layer, head, key]
+        return SinksResult(
+            alpha_mean=sums[0].float(),
+            thresholds=list(self._thresholds()),
+            above=(sums[1:] * 100).float(),
+            norm_ratio=torch.stack([kept["norm_ratio", layer] / n for layer in layers]).float(),
+            eps=self.eps,
+            n=n,
+            alpha=torch.stack([kept["alpha", layer] for layer in layers], dim=1) if self.per_sequence else None,
+        )

@@ -53,40 +53,43 @@ def _check_position(position: int, seq_len: int) -> None:
 
 
 def _unit_probe(hook: str, position: int) -> Probe:
-    def fn(x: Tensor) -> Tensor:  # [batch, pos, d_mlp] -> [1, 3, d_mlp]: Σ |a| at p, Σ a at p, Σ mean |a| elsewhere
+    def fn(x: Tensor) -> Tensor:  # [batch, pos, d_mlp] -> [3, d_mlp]: Σ |a| at p, Σ a at p, Σ mean |a| elsewhere
         _check_position(position, x.shape[1])
         a = x.float()
         others = torch.cat([a[:, :position], a[:, position + 1 :]], dim=1).abs().mean(dim=1)
-        return torch.stack([a[:, position].abs().sum(0), a[:, position].sum(0), others.sum(0)])[None]
+        return torch.stack([a[:, position].abs().sum(0), a[:, position].sum(0), others.sum(0)])
 
-    return Probe(hook, f"unit_sums@{position}", fn)
+    return Probe(hook, f"unit_sums@{position}", fn, combine="sum")
 
 
 def _abs_sum_probe(hook: str, position: int) -> Probe:
-    def fn(x: Tensor) -> Tensor:  # [batch, pos, d] -> [1, d]: Σ |h| at p over the batch
+    def fn(x: Tensor) -> Tensor:  # [batch, pos, d] -> [d]: Σ |h| at p over the batch
         _check_position(position, x.shape[1])
-        return x[:, position].float().abs().sum(0)[None]
+        return x[:, position].float().abs().sum(0)
 
-    return Probe(hook, f"abs_sum@{position}", fn)
+    return Probe(hook, f"abs_sum@{position}", fn, combine="sum")
 
 
 def _dominance_probe(hook: str, position: int) -> Probe:
-    def fn(x: Tensor) -> Tensor:  # [batch, pos, d] -> [batch, 2]: ratio at p, median ratio elsewhere
+    def fn(x: Tensor) -> Tensor:  # [batch, pos, d] -> [2]: Σ ratio at p, Σ median ratio elsewhere
         _check_position(position, x.shape[1])
         ratios = dominance_ratio(x)
         others = torch.cat([ratios[:, :position], ratios[:, position + 1 :]], dim=1)
-        return torch.stack([ratios[:, position], others.median(dim=1).values], dim=1)
+        return torch.stack([ratios[:, position].sum(), others.median(dim=1).values.sum()])
 
-    return Probe(hook, f"dominance@{position}", fn)
-
-
-def _massive(x: Tensor) -> Tensor:  # [batch, pos, d] -> [batch, 4]: top-3 |h| and the median |h|
-    a = x.float().abs().flatten(1)
-    return torch.cat([a.topk(3, dim=1).values, a.median(dim=1, keepdim=True).values], dim=1)
+    return Probe(hook, f"dominance_sum@{position}", fn, combine="sum")
 
 
-def _max_abs(x: Tensor) -> Tensor:  # [batch, ...] -> [batch]
-    return x.float().abs().flatten(1).max(dim=1).values
+def _top3(x: Tensor) -> Tensor:  # [batch, pos, d] -> [3]: each rank's largest of the sequences' top-3 |h|
+    return x.float().abs().flatten(1).topk(3, dim=1).values.max(dim=0).values
+
+
+def _median_sum(x: Tensor) -> Tensor:  # [batch, pos, d] -> []: Σ over the batch of each sequence's median |h|
+    return x.float().abs().flatten(1).median(dim=1).values.sum()
+
+
+def _max_abs(x: Tensor) -> Tensor:  # [batch, ...] -> []
+    return x.float().abs().max()
 
 
 @dataclass
@@ -233,20 +236,20 @@ class SuperNeurons(Analysis):
         p, probes = self.position, {}
         for layer in range(adapter.info.n_layers):
             probes["units", layer] = _unit_probe(f"blocks.{layer}.mlp.hook_post", p)
-            probes["mlp_in_max", layer] = Probe(f"blocks.{layer}.mlp.hook_post", "max_abs", _max_abs)
-            probes["mlp_out_max", layer] = Probe(f"blocks.{layer}.hook_mlp_out", "max_abs", _max_abs)
+            probes["mlp_in_max", layer] = Probe(f"blocks.{layer}.mlp.hook_post", "max_abs", _max_abs, combine="max")
+            probes["mlp_out_max", layer] = Probe(f"blocks.{layer}.hook_mlp_out", "max_abs", _max_abs, combine="max")
             probes["dominance", layer] = _dominance_probe(f"blocks.{layer}.ln1.hook_normalized", p)
-            probes["massive", layer] = Probe(f"blocks.{layer}.hook_resid_post", "massive", _massive)
+            probes["massive_top", layer] = Probe(f"blocks.{layer}.hook_resid_post", "top3_max", _top3, combine="max")
+            probes["massive_median", layer] = Probe(f"blocks.{layer}.hook_resid_post", "median_sum", _median_sum, combine="sum")
             probes["resid", layer] = _abs_sum_probe(f"blocks.{layer}.hook_resid_post", p)
         return probes
 
     def finalize(self, adapter: ModelAdapter, kept: Mapping[Hashable, Tensor], spec: InputSpec) -> SuperNeuronsResult:
         layers, n = range(adapter.info.n_layers), spec.n
-        units = torch.stack([kept["units", layer].sum(dim=0) / n for layer in layers])  # [layer, 3, d_mlp]
-        resid = torch.stack([kept["resid", layer].sum(dim=0) / n for layer in layers])  # [layer, d_model]
+        units = torch.stack([kept["units", layer] / n for layer in layers]).float()  # [layer, 3, d_mlp]
+        resid = torch.stack([kept["resid", layer] / n for layer in layers]).float()  # [layer, d_model]
         massive_dim = int(resid.max(dim=0).values.argmax())
-        dominance = torch.stack([kept["dominance", layer].mean(dim=0) for layer in layers])
-        massive = torch.stack([kept["massive", layer] for layer in layers])  # [layer, n, 4]
+        dominance = torch.stack([kept["dominance", layer] / n for layer in layers]).float()  # [layer, 2]
         blocks = getattr(adapter.model, "blocks", None)
         try:
             w_out = [read_weight(blocks[layer].mlp, "W_out").float().cpu() for layer in layers]  # each [d_mlp, d_model]
@@ -266,10 +269,10 @@ class SuperNeurons(Analysis):
             resid_at=resid,
             dominance_at=dominance[:, 0],
             dominance_elsewhere=dominance[:, 1],
-            massive_top=massive[..., :3].max(dim=1).values,
-            massive_median=massive[..., 3].mean(dim=1),
-            mlp_in_max=torch.stack([kept["mlp_in_max", layer].max() for layer in layers]),
-            mlp_out_max=torch.stack([kept["mlp_out_max", layer].max() for layer in layers]),
+            massive_top=torch.stack([kept["massive_top", layer] for layer in layers]),
+            massive_median=torch.stack([kept["massive_median", layer] / n for layer in layers]).float(),
+            mlp_in_max=torch.stack([kept["mlp_in_max", layer] for layer in layers]),
+            mlp_out_max=torch.stack([kept["mlp_out_max", layer] for layer in layers]),
             massive_abs=self.massive_abs,
             massive_ratio=self.massive_ratio,
         )

@@ -41,14 +41,25 @@ __all__ = ["super_weights", "SuperWeightsResult", "super_weight_table"]
 logger = logging.getLogger(__name__)
 
 
-def _moments_at(hook: str, position: int) -> Probe:
-    def fn(x: Tensor) -> Tensor:  # [batch, pos, d] -> [1, 3, d]: Σ x, Σ |x| and max |x| over the batch at the position
-        if position >= x.shape[1]:
-            raise LensBiasError(f"super_weights: position {position} is outside sequences of {x.shape[1]} tokens")
-        at = x[:, position].float()
-        return torch.stack([at.sum(dim=0), at.abs().sum(dim=0), at.abs().max(dim=0).values])[None]
+def _at(x: Tensor, position: int) -> Tensor:
+    if position >= x.shape[1]:
+        raise LensBiasError(f"super_weights: position {position} is outside sequences of {x.shape[1]} tokens")
+    return x[:, position].float()
 
-    return Probe(hook, f"moments@{position}", fn)
+
+def _sums_at(hook: str, position: int) -> Probe:
+    def fn(x: Tensor) -> Tensor:  # [batch, pos, d] -> [2, d]: Σ x and Σ |x| over the batch at the position
+        at = _at(x, position)
+        return torch.stack([at.sum(dim=0), at.abs().sum(dim=0)])
+
+    return Probe(hook, f"sums@{position}", fn, combine="sum")
+
+
+def _abs_max_at(hook: str, position: int) -> Probe:
+    def fn(x: Tensor) -> Tensor:  # [batch, pos, d] -> [d]: max |x| over the batch at the position
+        return _at(x, position).abs().max(dim=0).values
+
+    return Probe(hook, f"abs_max@{position}", fn, combine="max")
 
 
 def _w_out(model: Any, layer: int) -> Float[Tensor, "d_mlp d_model"]:
@@ -169,16 +180,16 @@ class SuperWeights(Analysis):
     def probes(self, adapter: ModelAdapter) -> dict[Hashable, Probe]:
         probes: dict[Hashable, Probe] = {}
         for layer in range(adapter.info.n_layers):
-            probes["in", layer] = _moments_at(f"blocks.{layer}.mlp.hook_post", self.position)
-            probes["out", layer] = _moments_at(f"blocks.{layer}.hook_mlp_out", self.position)
+            for side, hook in (("in", f"blocks.{layer}.mlp.hook_post"), ("out", f"blocks.{layer}.hook_mlp_out")):
+                probes[side, "sums", layer] = _sums_at(hook, self.position)
+                probes[side, "max", layer] = _abs_max_at(hook, self.position)
         return probes
 
     def finalize(self, adapter: ModelAdapter, kept: Mapping[Hashable, Tensor], spec: InputSpec) -> SuperWeightsResult:
         rows: dict[str, list[Any]] = {k: [] for k in ("input_max", "input_unit", "output_max", "output_dim", "weight", "weight_rank", "contribution", "share")}
         for layer in range(adapter.info.n_layers):
-            a, o = kept["in", layer], kept["out", layer]  # [batches, 3, d]: Σ x, Σ |x|, max |x|
-            a_mean, a_abs, a_max = a[:, 0].sum(0) / spec.n, a[:, 1].sum(0) / spec.n, a[:, 2].max(0).values
-            o_mean, o_max = o[:, 0].sum(0) / spec.n, o[:, 2].max(0).values
+            (a_mean, a_abs), a_max = (kept["in", "sums", layer] / spec.n).float(), kept["in", "max", layer]  # [d_mlp] each
+            o_mean, o_max = (kept["out", "sums", layer][0] / spec.n).float(), kept["out", "max", layer]  # [d_model] each
             k, j = int(a_max.argmax()), int(o_max.argmax())
             w_out = _w_out(adapter.model, layer).float().cpu()
             w = w_out[k, j]

@@ -35,8 +35,8 @@ from lens_bias.core.adapter import Probe
 from lens_bias.core.figures import new_figure
 
 
-def mean_norm(x):  # [batch, pos, d] -> [batch]: reduced inside the hook
-    return x.norm(dim=-1).mean(dim=1)
+def norm_sum(x):  # [batch, pos, d] -> []: summed over the batch inside the hook
+    return x.norm(dim=-1).mean(dim=1).sum()
 
 
 @dataclass
@@ -71,10 +71,10 @@ class ResidNorm(Analysis):
         return not info.attn_only
 
     def probes(self, adapter):
-        return {layer: Probe(f"blocks.{layer}.hook_resid_post", "mean_norm", mean_norm) for layer in range(adapter.info.n_layers)}
+        return {layer: Probe(f"blocks.{layer}.hook_resid_post", "mean_norm_sum", norm_sum, combine="sum") for layer in range(adapter.info.n_layers)}
 
     def finalize(self, adapter, kept, spec):
-        return ResidNormResult(norms=torch.stack([kept[layer].mean() for layer in range(adapter.info.n_layers)]))
+        return ResidNormResult(norms=torch.stack([kept[layer] / spec.n for layer in range(adapter.info.n_layers)]).float())
 '''
 
 NULL = '''

@@ -156,7 +156,7 @@ def test_probes_that_keep_too_much_are_refused_after_the_first_batch(model, monk
     adapter = lens_bias.ModelAdapter(model)
     tokens = lens_bias.random_tokens(2000, 16, 100)
     monkeypatch.setattr(memory, "available_bytes", lambda device=None: 2 * 2**20)  # 1 MiB usable: batches of 8 fit
-    with pytest.raises(LensBiasError, match="pass at most 256 sequences"):  # 2 KiB each, held twice (pieces, then concatenated)
+    with pytest.raises(LensBiasError, match="pass at most 512 sequences"):  # 2 KiB each, written into one [n, 16, 32] tensor
         adapter.collect(tokens, [full], batch_size=8, progress=False)
 
 

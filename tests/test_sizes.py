@@ -98,8 +98,8 @@ def test_a_refusal_names_the_estimate_the_limit_and_the_largest_count(capsys, mo
     monkeypatch.setattr(memory, "available_bytes", lambda device=None: 64 * 2**20)
     assert main(["fingerprint", SPEC, "-o", "fp.pt", "--n", str(10**12), "--seq-len", "8", "--no-progress"]) == 2
     line = capsys.readouterr().err.strip()
-    # d_model 16: 64 B kept per sequence, counted twice (pieces, then concatenated), against half of 64 MiB
-    assert "\n" not in line and "need about" in line and "32.0 MiB can be used" in line and f"pass at most {2**25 // 128} sequences" in line
+    # d_model 16: 64 B kept per sequence (written into one [n, 16] tensor), against half of 64 MiB
+    assert "\n" not in line and "need about" in line and "32.0 MiB can be used" in line and f"pass at most {2**25 // 64} sequences" in line
 
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")

@@ -5,8 +5,9 @@ Analyses never touch the model directly. They hand the adapter :class:`Probe` s 
 applied *inside* the hook, e.g. "keep the last position"), and the adapter runs batched forward passes under
 ``torch.inference_mode`` with the probes and any interventions attached through the model's own scoped
 ``model.hooks(...)`` context. Only the reduced tensors are kept, so memory does not grow with the sequence
-length, and the forward pass stops as soon as every probe has fired (the unembedding over all positions is
-never computed when nothing reads it).
+length; a probe that sums or maxes over sequences (``combine``) is folded into one running total, so it does not
+grow with the number of sequences either. The forward pass stops as soon as every probe has fired (the
+unembedding over all positions is never computed when nothing reads it).
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from lens_bias.core import memory, offload, tl
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.inputs import Inputs, RandomEmbeddings, RandomTokens
 from lens_bias.core.serialise import Serialisable
+from lens_bias.core.stats import unit
 
-__all__ = ["ModelAdapter", "ModelInfo", "Probe", "HookFn", "FwdHook", "last_position", "counting", "READOUT", "REGIME_ATTRIBUTE", "REGIMES"]
+__all__ = ["ModelAdapter", "ModelInfo", "Probe", "COMBINES", "HookFn", "FwdHook", "last_position", "last_unit_sum", "counting", "READOUT", "REGIME_ATTRIBUTE", "REGIMES"]
 
 logger = logging.getLogger(__name__)
 
@@ -41,9 +43,17 @@ REGIME_ATTRIBUTE = "lens_bias_regime"
 REGIMES = ("init", "trained")
 
 
+COMBINES = ("rows", "sum", "max", "first")
+
+
 @dataclass(frozen=True)
 class Probe:
-    """Read one hook point: ``fn`` reduces the activation ``[batch, ...]`` to what is kept, ``[batch, ...]``.
+    """Read one hook point: ``fn`` reduces the activation ``[batch, ...]`` to what is kept.
+
+    ``combine`` says how batches add up: ``"rows"`` keeps one row per sequence (``fn`` returns ``[batch, ...]``,
+    the pass returns ``[n, ...]``: memory grows with n); ``"sum"`` and ``"max"`` fold each batch into one running
+    total (``fn`` returns the batch's sum or max ``[...]``, the pass returns the total over every sequence, summed
+    in float64; memory flat in n); ``"first"`` keeps the first batch's rows only (a bounded sample).
 
     Probes with the same ``key`` are computed once, so two analyses asking for the same reduction share it; a key
     therefore names one reduction, and two probes with one key and different functions are refused.
@@ -52,6 +62,11 @@ class Probe:
     hook: str
     reduction: str  # a name for what fn keeps, e.g. "last"; part of the key
     fn: Callable[[Tensor], Tensor]
+    combine: str = "rows"
+
+    def __post_init__(self) -> None:
+        if self.combine not in COMBINES:
+            raise LensBiasError(f"Probe combine must be one of {COMBINES}, got {self.combine!r}")
 
     @property
     def key(self) -> str:
@@ -76,10 +91,11 @@ def _unique_probes(probes: Sequence[Probe]) -> dict[str, Probe]:
     unique: dict[str, Probe] = {}
     for probe in probes:
         kept = unique.setdefault(probe.key, probe)
-        if not _same_reduction(kept.fn, probe.fn):
+        if kept.combine != probe.combine or not _same_reduction(kept.fn, probe.fn):
             raise LensBiasError(
-                f"two probes share the key {probe.key!r} but reduce with different functions "
-                f"({getattr(kept.fn, '__qualname__', kept.fn)!r}, {getattr(probe.fn, '__qualname__', probe.fn)!r}); "
+                f"two probes share the key {probe.key!r} but reduce differently "
+                f"({getattr(kept.fn, '__qualname__', kept.fn)!r} combined by {kept.combine!r}, "
+                f"{getattr(probe.fn, '__qualname__', probe.fn)!r} by {probe.combine!r}); "
                 "only one would be computed: give one of them another reduction name"
             )
     return unique
@@ -109,6 +125,14 @@ def _check_hooks(hooks: Sequence[Any]) -> list[FwdHook]:
 def last_position(hook: str) -> Probe:
     """A probe that keeps the last position of ``hook``: ``[batch, pos, d] -> [batch, d]``."""
     return Probe(hook, "last", lambda x: x[:, -1])
+
+
+def last_unit_sum(hook: str) -> Probe:
+    """A probe that sums the unit vectors of the last position over every sequence: ``[batch, pos, d] -> [d]``.
+
+    The mean direction, and through ``‖Σ u‖² − n`` the mean pairwise cosine, without a row per sequence.
+    """
+    return Probe(hook, "last_unit_sum", lambda x: unit(x[:, -1]).sum(dim=0), combine="sum")
 
 
 @dataclass(frozen=True)
@@ -172,17 +196,48 @@ def _own(value: Tensor) -> Tensor:
     return value.clone() if value.untyped_storage().nbytes() > value.numel() * value.element_size() else value
 
 
-def _check_kept(kept: Mapping[str, Sequence[Tensor]], batch: int, n: int) -> None:
-    """After the first batch: refuse before the kept values of all ``n`` sequences outgrow CPU memory. They are
-    held twice at the end (the batches' pieces and their concatenation); the lazy inputs are drawn per batch."""
-    per_seq = 2 * sum(values[0].numel() * values[0].element_size() for values in kept.values() if values) / max(1, batch)
-    budget = memory.MEMORY_FRACTION * memory.available_bytes("cpu")
-    if per_seq * n > budget:
-        raise LensBiasError(
-            f"the probes keep {memory.format_bytes(per_seq / 2)} per sequence: {n} sequences need about "
-            f"{memory.format_bytes(per_seq * n)} of CPU memory (kept per batch, then concatenated) but only "
-            f"{memory.format_bytes(budget)} can be used; pass at most {int(budget // per_seq)} sequences, or probes that reduce more inside the hook"
-        )
+class _Kept:
+    """What a pass keeps, batch by batch: each ``"rows"`` probe's rows written into one ``[n, ...]`` tensor
+    (allocated once the first batch shows the shape, so nothing is held twice), the running totals of the
+    ``"sum"`` (float64) and ``"max"`` probes, and the first batch of the ``"first"`` probes."""
+
+    def __init__(self, probes: Mapping[str, Probe], n: int):
+        self.probes, self.n = probes, n
+        self.batch: dict[str, Tensor] = {}  # this batch's values, by key
+        self.out: dict[str, Tensor] = {}
+
+    def check(self, batch: int) -> None:
+        """After the first batch: refuse before the rows of all ``n`` sequences outgrow CPU memory."""
+        per_seq = sum(v.numel() * v.element_size() for k, v in self.batch.items() if self.probes[k].combine == "rows") / batch
+        fixed = sum(v.numel() * (8 if self.probes[k].combine == "sum" else 4) for k, v in self.batch.items() if self.probes[k].combine != "rows")
+        budget = memory.MEMORY_FRACTION * memory.available_bytes("cpu")
+        if per_seq * self.n + fixed > budget:
+            fits = max(0, int((budget - fixed) // per_seq)) if per_seq else 0
+            totals = f" and {memory.format_bytes(fixed)} of running totals" if fixed else ""
+            raise LensBiasError(
+                f"the probes keep {memory.format_bytes(per_seq)} per sequence{totals}: {self.n} sequences need about {memory.format_bytes(per_seq * self.n + fixed)} of CPU memory but only "
+                f"{memory.format_bytes(budget)} can be used; pass at most {fits} sequences, or probes that reduce more inside the hook"
+            )
+
+    def add_batch(self, start: int, stop: int) -> None:
+        for key, value in self.batch.items():
+            probe, total = self.probes[key], self.out.get(key)
+            if probe.combine == "rows":
+                if value.shape[0] != stop - start:
+                    raise LensBiasError(f"probe {key!r} returned {value.shape[0]} rows for a batch of {stop - start} sequences; a 'rows' probe keeps one per sequence")
+                if total is None:
+                    total = self.out[key] = torch.empty((self.n, *value.shape[1:]), dtype=value.dtype)
+                total[start:stop] = value
+            elif probe.combine == "first":
+                if total is None:
+                    self.out[key] = _own(value)
+            elif total is not None and total.shape != value.shape:
+                raise LensBiasError(f"probe {key!r} returned shape {tuple(value.shape)} after {tuple(total.shape)}; a '{probe.combine}' probe returns one shape for every batch")
+            elif probe.combine == "sum":
+                self.out[key] = value.double() if total is None else total.add_(value)
+            else:  # "max"
+                self.out[key] = _own(value) if total is None else torch.maximum(total, value, out=total)
+        self.batch.clear()
 
 
 def _family(model: Any) -> str:
@@ -332,7 +387,8 @@ class ModelAdapter:
     ) -> dict[str, Float[Tensor, "n ..."]]:
         """Run ``inputs`` through the model in batches and return each probe's kept values, by probe key.
 
-        Results are float32 CPU tensors concatenated over batches in input order. Hooks are attached with the
+        Results are CPU tensors: a ``"rows"`` probe's float32 rows in input order, a ``"sum"`` probe's float64 total
+        over every sequence, a ``"max"`` probe's float32 maximum, a ``"first"`` probe's first batch. Hooks are attached with the
         model's scoped ``model.hooks(...)`` context, so they are gone afterwards even on an exception or
         KeyboardInterrupt; the model's train/eval mode is restored.
 
@@ -347,13 +403,15 @@ class ModelAdapter:
             desc: label of the progress bar.
 
         Returns:
-            ``{probe.key: tensor[n, ...]}``.
+            ``{probe.key: tensor}``: ``[n, ...]`` for ``"rows"`` probes, the running total ``[...]`` for the others.
         """
         unique = _unique_probes(probes)
         self.check_inputs(inputs)
         edits = _check_hooks(hooks)
         self.require({p.hook for p in unique.values()} | {name for name, _ in edits}, "this analysis")
         n, seq_len = inputs.shape[0], inputs.shape[1]
+        if n < 1:
+            raise LensBiasError("the inputs hold no sequences; pass at least one")
         if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
             raise LensBiasError(f"batch_size must be a positive int or None, got {batch_size!r}")
         is_embedding = not (isinstance(inputs, RandomTokens) or (isinstance(inputs, Tensor) and inputs.ndim == 2))
@@ -367,7 +425,7 @@ class ModelAdapter:
         batch_size = memory.plan_batch(
             self.info, n=n, seq_len=seq_len, dtype=self.dtype, device=self.device, logits=logits, batch_size=batch_size, what=desc
         )
-        kept: dict[str, list[Tensor]] = {key: [] for key in unique}
+        kept = _Kept(unique, n)
         fired_this_batch: set[str] = set()
         fired_ever: set[str] = set()
         current: dict[str, Tensor] = {}
@@ -378,7 +436,7 @@ class ModelAdapter:
             def hook_fn(activation: Tensor, hook: Any) -> None:
                 finite_flags.append((hook_name, _nonfinite(activation, hook_name)))
                 for probe in group:
-                    kept[probe.key].append(_own(probe.fn(activation).detach().float().cpu()))
+                    kept.batch[probe.key] = probe.fn(activation).detach().float().cpu()
                 fired_this_batch.add(hook_name)
                 if fired_this_batch >= probe_hooks:
                     raise _StopForward
@@ -426,7 +484,8 @@ class ModelAdapter:
                         )
                     _raise_on_nonfinite(finite_flags, start, stop, self.info.dtype)
                     if start == 0:
-                        _check_kept(kept, stop - start, n)
+                        kept.check(stop - start)
+                    kept.add_batch(start, stop)
         finally:
             if was_training:
                 self.model.train()
@@ -437,7 +496,7 @@ class ModelAdapter:
                 f"intervention hook(s) {silent} never fired on this {type(self.model).__name__}: the edit had no "
                 "effect, so the results would be those of the unedited model"
             )
-        return {key: torch.cat(values) for key, values in kept.items()}
+        return kept.out
 
     def _never_firing(self, names: set[str], seq_len: int) -> list[str]:
         """Of ``names``, those that do not fire in a full forward pass of one sequence.

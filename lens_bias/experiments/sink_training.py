@@ -193,7 +193,7 @@ def eval_tokens(data: TokenData, n: int) -> Tensor:
 def sinks_by_layer(init: SinksResult, trained: SinksResult, eps: float) -> pd.DataFrame:
     """Experiment 2: per layer, Sink_0 at ε and at 0.1, first-token share and residual norm ratio, init vs trained."""
     rows = []
-    for layer in range(trained.alpha.shape[1]):
+    for layer in range(trained.alpha_mean.shape[0]):
         row: dict[str, Any] = {"layer": layer}
         for name, res in (("init", init), ("trained", trained)):
             row[f"{name}_sink0@{eps:g}"] = res.rate_by_head(0, eps)[layer].mean().item()
@@ -221,7 +221,7 @@ def intervention_table(model: Any, tokens: Tensor, position: int, factor: float,
         if not ivs and baseline is not None:
             res = baseline
         else:
-            res = measure(model, tokens, [Sinks(eps=eps)], interventions=ivs)["sinks"]  # type: ignore[assignment]
+            res = measure(model, tokens, [Sinks(eps=eps, per_sequence=True)], interventions=ivs)["sinks"]  # type: ignore[assignment]
         alpha_k = res.alpha[..., position].mean(dim=(1, 2))  # [n]: mean over layers and heads
         per_sequence[name] = alpha_k
         diff = alpha_k - per_sequence["baseline"]
@@ -308,8 +308,9 @@ def run_sink_experiment(
         training_rows.append(_training_row("baseline", baseline_run, data, seconds))
     tokens = eval_tokens(data, cfg.n_eval)
     init_model = random_init(cfg.model_spec(), device=device)
-    init_sinks = measure(init_model, tokens, [Sinks(eps=cfg.eps)])["sinks"]
-    trained_results = measure(model, tokens, [Sinks(eps=cfg.eps), SuperNeurons(position=0)])
+    # α of every sequence: the paired share difference, the paired intervention table, rates at ε 0.1
+    init_sinks = measure(init_model, tokens, [Sinks(eps=cfg.eps, per_sequence=True)])["sinks"]
+    trained_results = measure(model, tokens, [Sinks(eps=cfg.eps, per_sequence=True), SuperNeurons(position=0)])
     by_layer = sinks_by_layer(init_sinks, trained_results["sinks"], cfg.eps)  # type: ignore[arg-type]
     # α_0 per sequence (mean over layers and heads), paired over the same held-out sequences
     share_diff = trained_results["sinks"].alpha[..., 0].mean(dim=(1, 2)) - init_sinks.alpha[..., 0].mean(dim=(1, 2))  # type: ignore[attr-defined]
@@ -328,7 +329,7 @@ def run_sink_experiment(
         rms_model, rms_run, seconds = train_sink_model(cfg, data, interventions=[norm], progress=progress, device=device, model=rms_model)
         training_rows.append(_training_row("HeadwiseRMSNorm", rms_run, data, seconds))
         for name, m, ivs, run in (("baseline", base_model, [], baseline_run), ("HeadwiseRMSNorm", rms_model, [norm], rms_run)):
-            sinks = trained_results["sinks"] if m is model else measure(m, tokens, [Sinks(eps=cfg.eps)], interventions=ivs)["sinks"]
+            sinks = trained_results["sinks"] if m is model else measure(m, tokens, [Sinks(eps=cfg.eps, per_sequence=True)], interventions=ivs)["sinks"]
             # positional spread across *random* sequences: on text every sequence starts with the same BOS
             variance = measure(m, random_tokens(cfg.init_sequences, cfg.seq_len, cfg.vocab, seed=7), [PositionalVariance()], interventions=ivs)["positional_variance"]
             rms_rows.append({

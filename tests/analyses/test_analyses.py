@@ -23,7 +23,8 @@ def _pairwise_cos_loop(x):
 def test_contraction_equals_direct_computation(arch):
     model = shared_tiny(arch, act_fn="relu")
     tokens = random_tokens(9, 7, 97, seed=5)
-    table = lens_bias.analyze(model, inputs=tokens, progress=False).contraction.to_pandas()
+    # batches of 4, 4 and 1: the sums over sequences taken in the pass add up across batches
+    table = lens_bias.analyze(model, inputs=tokens, batch_size=4, progress=False).contraction.to_pandas()
     _, cache = model.run_with_cache(tokens)
     hooks = ["blocks.0.hook_resid_pre", "blocks.0.hook_resid_post", "blocks.1.hook_resid_post", "ln_final.hook_normalized"]
     assert list(table.hook) == hooks and list(table.layer) == ["embed", "0", "1", "final"]
@@ -36,6 +37,32 @@ def test_contraction_equals_direct_computation(arch):
         assert row.intra == pytest.approx(intra, abs=1e-5)
         last = acts[:, -1]
         assert row.energy_share == pytest.approx(((last @ seed) ** 2).mean().item() / (last**2).sum(-1).mean().item(), abs=1e-5)
+
+
+@pytest.mark.parametrize("positions", ["last", "all"])
+def test_decomposition_equals_direct_computation(positions):
+    from lens_bias.analyses.decomposition import Decomposition, components
+
+    model = shared_tiny("llama", act_fn="relu")
+    tokens = random_tokens(9, 7, 97, seed=5)
+    adapter = lens_bias.ModelAdapter(model)
+    spec = lens_bias.InputSpec("tokens", 9, 7, 5, 97)
+    result = lens_bias.run_analyses(adapter, tokens, spec, [Decomposition(positions=positions)], batch_size=4, progress=False)["decomposition"]
+    _, cache = model.run_with_cache(tokens)
+    final_u = torch.nn.functional.normalize(cache["ln_final.hook_normalized"][:, -1].double(), dim=-1)
+    seed = torch.nn.functional.normalize(final_u.mean(0), dim=0)
+    cumulative = 0
+    for i, (name, hook) in enumerate(components(adapter)):
+        x = cache[hook].double()
+        x = x[:, -1] if positions == "last" else x.flatten(0, 1)  # every (sequence, position) is an input
+        mean = x.mean(0)
+        cumulative = cumulative + mean
+        assert result.components[i] == name
+        assert result.shared_energy[i].item() == pytest.approx(mean.pow(2).sum().item(), rel=1e-4)
+        assert result.fluctuating_energy[i].item() == pytest.approx((x - mean).pow(2).sum(-1).mean().item(), rel=1e-4, abs=1e-6)
+        assert result.seed_projection[i].item() == pytest.approx((mean @ seed).item(), rel=1e-4, abs=1e-6)
+        assert result.cumulative_shared_norm[i].item() == pytest.approx(cumulative.norm().item(), rel=1e-4)
+    assert result.reconstruction_error < 1e-5
 
 
 def test_token_preference_equals_full_logits():

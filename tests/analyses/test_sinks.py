@@ -8,7 +8,7 @@ import lens_bias
 from lens_bias import LensBiasError, intervene
 from lens_bias.analyses.base import run_analyses
 from lens_bias.analyses.positional_variance import PositionalVariance, fit_exponent, profile_spread
-from lens_bias.analyses.sinks import Sinks, key_importance, sink_rate
+from lens_bias.analyses.sinks import THRESHOLDS, Sinks, key_importance, sink_rate
 from lens_bias.analyses.super_neurons import SuperNeurons, dominance_ratio
 from lens_bias.core.corpora import Corpus
 from lens_bias.core.inputs import InputSpec
@@ -175,10 +175,20 @@ def test_sinks_analysis_equals_the_metric_on_cached_patterns(arch):
     spec = InputSpec(kind="tokens", n=6, seq_len=12, seed=5)
     result = run_analyses(adapter, TOKENS, spec, [Sinks(eps=0.1)], batch_size=4, progress=False)["sinks"]
     cache = cached(model, MaskToSelf(position=4))  # any edit: the probe must see what the model used
-    edited = run_analyses(adapter, TOKENS, spec, [Sinks(eps=0.1)], batch_size=4, progress=False, interventions=MaskToSelf(position=4).fwd_hooks(model))["sinks"]
+    edits = MaskToSelf(position=4).fwd_hooks(model)
+    edited = run_analyses(adapter, TOKENS, spec, [Sinks(eps=0.1)], batch_size=4, progress=False, interventions=edits)["sinks"]
+    rows = run_analyses(adapter, TOKENS, spec, [Sinks(eps=0.1, per_sequence=True)], batch_size=4, progress=False, interventions=edits)["sinks"]
     patterns = torch.stack([cache[f"blocks.{layer}.attn.hook_pattern"] for layer in range(2)], dim=1)
-    assert torch.allclose(edited.alpha, key_importance(patterns), atol=1e-6)
-    assert torch.allclose(edited.rate(0.1), sink_rate(patterns, eps=0.1))
+    alpha = key_importance(patterns)  # [n, layer, head, key]
+    # summed over batches of 4 and 2 in the pass: the mean α and the rates of the α of every sequence
+    assert edited.alpha is None and torch.allclose(edited.alpha_mean, alpha.mean(dim=0), atol=1e-6)
+    assert torch.allclose(edited.rate(), sink_rate(patterns, eps=0.1)) and torch.allclose(edited.rate_by_head(4), (alpha[..., 4] > 0.1).float().mean(dim=0) * 100)
+    for eps in THRESHOLDS:  # counted in the pass at every threshold of the grid
+        assert torch.allclose(edited.rate(eps), sink_rate(patterns, eps=eps), atol=1e-4)
+    with pytest.raises(LensBiasError, match=r"Sinks\(eps=0.33\) or Sinks\(per_sequence=True\)"):
+        edited.rate(0.33)
+    assert torch.allclose(rows.alpha, alpha, atol=1e-6) and torch.allclose(rows.rate(0.33), sink_rate(patterns, eps=0.33))
+    assert torch.equal(rows.above, edited.above) and torch.equal(rows.alpha_mean, edited.alpha_mean)
     assert edited.share(4).mean() > result.share(4).mean()
     resid = cache["blocks.1.hook_resid_post"].norm(dim=-1)
     assert torch.allclose(edited.norm_ratio[1], (resid[:, 0] / resid[:, 1:].median(dim=1).values).mean(), atol=1e-5)

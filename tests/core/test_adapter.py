@@ -42,6 +42,41 @@ def test_results_do_not_depend_on_batch_size():
     assert torch.allclose(a[f"{READOUT}:last"], b[f"{READOUT}:last"], atol=1e-5)
 
 
+def test_summed_maxed_and_first_batch_probes_equal_the_cache_over_every_batch():
+    model = tiny("gpt2")
+    tokens = random_tokens(10, 8, 97, seed=3)
+    hook = "blocks.1.hook_resid_post"
+    probes = [
+        Probe(hook, "sum", lambda x: x.sum(dim=(0, 1)), combine="sum"),
+        Probe(hook, "max", lambda x: x.abs().amax(dim=(0, 1)), combine="max"),
+        Probe(hook, "first", lambda x: x[:, 0], combine="first"),
+        Probe(hook, "rows", lambda x: x[:, 0]),
+    ]
+    out = ModelAdapter(model).collect(tokens, probes, batch_size=4, progress=False)  # batches of 4, 4 and 2
+    h = model.run_with_cache(tokens)[1][hook].double()
+    assert out[f"{hook}:sum"].dtype == torch.float64 and torch.allclose(out[f"{hook}:sum"], h.sum(dim=(0, 1)), rtol=1e-5, atol=1e-5)
+    assert torch.allclose(out[f"{hook}:max"].double(), h.abs().amax(dim=(0, 1)), rtol=1e-6)
+    assert torch.allclose(out[f"{hook}:first"].double(), h[:4, 0], atol=1e-5)
+    assert torch.allclose(out[f"{hook}:rows"].double(), h[:, 0], atol=1e-5)
+
+
+def test_a_probe_that_breaks_its_combine_is_named():
+    adapter = ModelAdapter(tiny("gpt2"))
+    tokens = random_tokens(6, 8, 97, seed=3)
+    hook = "blocks.0.hook_resid_post"
+    with pytest.raises(LensBiasError, match="combine must be one of"):
+        Probe(hook, "x", lambda x: x, combine="mean")
+    def total(x):  # one function, two combines: two reductions under one key
+        return x.sum(0)
+
+    with pytest.raises(LensBiasError, match="share the key"):
+        adapter.collect(tokens, [Probe(hook, "s", total), Probe(hook, "s", total, combine="sum")], progress=False)
+    with pytest.raises(LensBiasError, match="returned 1 rows for a batch of 4 sequences"):
+        adapter.collect(tokens, [Probe(hook, "s", lambda x: x.sum(0, keepdim=True))], batch_size=4, progress=False)
+    with pytest.raises(LensBiasError, match="returns one shape for every batch"):
+        adapter.collect(tokens, [Probe(hook, "s", lambda x: x[:, 0].flatten(), combine="sum")], batch_size=4, progress=False)
+
+
 def test_forward_stops_after_the_last_probe():
     model = tiny("gpt2")
     reached = []

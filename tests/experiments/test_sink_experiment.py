@@ -79,13 +79,13 @@ def test_shipped_sink_model_has_a_first_token_sink_and_mask_to_self_moves_it():
 
     model, cfg = sink_model()
     tokens = eval_tokens(corpus_data(cfg), cfg.n_eval)
-    trained = measure(model, tokens, [Sinks(eps=cfg.eps)])["sinks"]
-    init = measure(random_init(cfg.model_spec()), tokens, [Sinks(eps=cfg.eps)])["sinks"]
+    trained = measure(model, tokens, [Sinks(eps=cfg.eps, per_sequence=True)])["sinks"]
+    init = measure(random_init(cfg.model_spec()), tokens, [Sinks(eps=cfg.eps, per_sequence=True)])["sinks"]
     share = trained.alpha[..., 0].mean(dim=(1, 2)) - init.alpha[..., 0].mean(dim=(1, 2))
     assert share.mean() > 3 * share.std() / len(share) ** 0.5
     assert trained.rate(0.1)[0] > init.rate(0.1)[0]
     k = cfg.position
-    alpha_k = {name: measure(model, tokens, [Sinks(eps=cfg.eps)], interventions=ivs)["sinks"].alpha[..., k].mean(dim=(1, 2)) for name, ivs in (
+    alpha_k = {name: measure(model, tokens, [Sinks(eps=cfg.eps, per_sequence=True)], interventions=ivs)["sinks"].alpha[..., k].mean(dim=(1, 2)) for name, ivs in (
         ("mask", [MaskToSelf(position=k)]), ("amplify", [AmplifyVariance(position=k, factor=cfg.factor)]), ("scale", [ScaleNorm(position=k, factor=cfg.factor)]))}
     alpha_k["baseline"] = trained.alpha[..., k].mean(dim=(1, 2))
 
