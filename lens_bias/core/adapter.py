@@ -211,6 +211,11 @@ class _Kept:
         per_seq = sum(v.numel() * v.element_size() for k, v in self.batch.items() if self.probes[k].combine == "rows") / batch
         fixed = sum(v.numel() * (8 if self.probes[k].combine == "sum" else 4) for k, v in self.batch.items() if self.probes[k].combine != "rows")
         budget = memory.MEMORY_FRACTION * memory.available_bytes("cpu")
+        if fixed > budget:
+            raise LensBiasError(
+                f"the probes' running totals alone need {memory.format_bytes(fixed)} of CPU memory but only {memory.format_bytes(budget)} "
+                "can be used, whatever the number of sequences; leave out the sections (probes) that keep the largest totals"
+            )
         if per_seq * self.n + fixed > budget:
             fits = max(0, int((budget - fixed) // per_seq)) if per_seq else 0
             totals = f" and {memory.format_bytes(fixed)} of running totals" if fixed else ""

@@ -77,6 +77,17 @@ def test_a_probe_that_breaks_its_combine_is_named():
         adapter.collect(tokens, [Probe(hook, "s", lambda x: x[:, 0].flatten(), combine="sum")], batch_size=4, progress=False)
 
 
+def test_running_totals_that_cannot_fit_are_refused_whatever_the_count(monkeypatch):
+    from lens_bias.core import memory
+
+    adapter = ModelAdapter(tiny("gpt2"))
+    monkeypatch.setattr(memory, "available_bytes", lambda device=None: 400 * 2**10)  # 200 KiB usable: a sequence's pass fits
+    # the second moment of the whole [8 × 64] state: 512 × 512 float64 = 2 MiB, however few sequences
+    gram = Probe("blocks.0.hook_resid_post", "gram", lambda x: x.flatten(1).T @ x.flatten(1), combine="sum")
+    with pytest.raises(LensBiasError, match="running totals alone need 2.0 MiB .* whatever the number of sequences"):
+        adapter.collect(random_tokens(2, 8, 97), [gram], progress=False)
+
+
 def test_forward_stops_after_the_last_probe():
     model = tiny("gpt2")
     reached = []
