@@ -9,8 +9,10 @@ once, as a user would stop it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import os
+import signal
 from unittest import mock
 
 import pytest
@@ -20,6 +22,7 @@ from hypothesis import strategies as st
 
 from lens_bias.cli import main
 from lens_bias.core import memory
+from lens_bias.experiments.base import EXPERIMENTS
 
 from .test_properties import settings  # noqa: F401 - registers and loads the suite's Hypothesis profiles
 
@@ -100,6 +103,99 @@ def test_a_refusal_names_the_estimate_the_limit_and_the_largest_count(capsys, mo
     line = capsys.readouterr().err.strip()
     # d_model 16: 64 B kept per sequence (written into one [n, 16] tensor), against half of 64 MiB
     assert "\n" not in line and "need about" in line and "32.0 MiB can be used" in line and f"pass at most {2**25 // 64} sequences" in line
+
+
+# ---- every integer field of every experiment, through --set ----------------------------------------------------
+
+TINY = "llama:d=16,L=2,H=2,V=300,ctx=64"
+# Each experiment with the flags that let it run on the tiny model above, or None where it needs a pretrained
+# model with a tokenizer (the shipped SmolLM2).
+ON_TINY = {"attribution": ["--model", TINY, "--set", "inputs=tokens"], "persistence": [], "sinks": []}
+ON_SMOLLM2 = {"descendants", "real-model"}
+SECONDS = 10  # a run still going after this long must be showing a progress bar with a known total
+
+
+class _OutOfTime(BaseException):  # not an Exception: no library handler may swallow it
+    pass
+
+
+def _fields(names) -> list[tuple[str, str, str]]:
+    """(experiment, its smallest preset, an integer field of that preset's config)."""
+    out = []
+    for name in sorted(names):
+        experiment = EXPERIMENTS.get(name)
+        preset = "tiny" if "tiny" in experiment.presets else experiment.default_preset
+        config = experiment.presets[preset]
+        out += [(name, preset, f.name) for f in dataclasses.fields(config) if type(getattr(config, f.name)) is int]
+    return out
+
+
+def _run_experiment(argv: list[str]) -> str:
+    """``main(argv)`` planned against 64 MiB: "result", "refused" (checked to be one line) or "bar" (still running
+    after ``SECONDS``, with a progress bar of known total showing; stopped as a user would stop it)."""
+    bars = []
+    original = tqdm.std.tqdm.__init__
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        if not self.disable and self.total is not None:
+            bars.append(self.total)
+
+    def out_of_time(signum, frame):
+        raise _OutOfTime
+
+    out, err = io.StringIO(), io.StringIO()
+    previous = signal.signal(signal.SIGALRM, out_of_time)
+    signal.alarm(SECONDS)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+                mock.patch.object(memory, "available_bytes", lambda device=None: 64 * 2**20), mock.patch.object(tqdm.std.tqdm, "__init__", init):
+            try:
+                code = main(argv)
+            except _OutOfTime:
+                assert bars, f"{argv} ran {SECONDS} s without a progress bar of known total"
+                return "bar"
+            except SystemExit as exit_:  # argparse: a value it cannot parse
+                code = exit_.code
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert code in (0, 1, 2), (argv, err.getvalue()[-2000:])
+    if code == 2:
+        command = argv[0]
+        errors = [line for line in err.getvalue().splitlines() if line.startswith(f"lens-bias {command}: error: ")]
+        assert len(errors) == 1 and "Traceback" not in err.getvalue(), err.getvalue()[-2000:]
+        return "refused"
+    return "result"
+
+
+def test_the_fuzzed_experiments_are_every_experiment():
+    assert set(EXPERIMENTS) == set(ON_TINY) | ON_SMOLLM2
+
+
+@pytest.mark.slow
+@given(field=st.sampled_from(_fields(ON_TINY)), value=st.integers(0, 10**12))
+@example(field=("attribution", "tiny", "n"), value=10**12)
+@example(field=("persistence", "tiny", "n_null_trained"), value=10**12)
+@example(field=("sinks", "tiny", "position"), value=10**12)
+def test_every_experiment_size_field_on_a_tiny_model(field, value, tmp_path_factory):
+    name, preset, key = field
+    cache = str(tmp_path_factory.getbasetemp() / "cache")  # corpora and tokenizers, shared by the examples
+    with contextlib.chdir(tmp_path_factory.mktemp("experiment")), mock.patch.dict(os.environ, {"LENS_BIAS_CACHE": cache}):
+        event(_run_experiment([name, "--preset", preset, *ON_TINY[name], "--set", f"{key}={value}"]))
+
+
+@pytest.mark.parametrize("field", _fields(ON_SMOLLM2), ids="-".join)
+def test_every_experiment_size_field_on_smollm2(field, smollm2, monkeypatch, tmp_path):
+    import lens_bias.experiments.descendants
+    import lens_bias.experiments.real_model
+
+    for module in (lens_bias.experiments.descendants, lens_bias.experiments.real_model):
+        monkeypatch.setattr(module, "load_model", lambda text, **kwargs: smollm2)
+    monkeypatch.chdir(tmp_path)
+    name, preset, key = field
+    for value in (0, 10**12):
+        _run_experiment([name, "--preset", preset, "--set", f"{key}={value}"])
 
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")

@@ -16,6 +16,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from lens_bias.core import memory
 from lens_bias.core.corpora import Corpus, code, held_out_documents, prose
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.serialise import Serialisable
@@ -55,6 +56,7 @@ def random_tokens(
     _check_count("n", n, 1)
     _check_count("seq_len", seq_len, 1)
     _check_count("vocab", vocab, 1)
+    memory.check_held(f"random_tokens({n}, {seq_len})", n, seq_len * 8, "n", "seq_len")  # int64 IDs; RandomTokens draws per batch
     generator = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, vocab, (n, seq_len), generator=generator)
     return tokens if device is None else tokens.to(device)
@@ -159,6 +161,7 @@ def repeated_tokens(n: int, seq_len: int, vocab: int, seed: int = 42, *, bos: in
         A ``torch.long`` tensor ``[n, seq_len]``.
     """
     _check_count("seq_len", seq_len, 1)
+    memory.check_held(f"repeated_tokens({n}, {seq_len})", n, seq_len * 8, "n", "seq_len")
     ids = random_tokens(n, 1, vocab, seed)
     return with_bos(ids.expand(n, seq_len).clone(), bos)
 

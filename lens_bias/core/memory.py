@@ -28,7 +28,7 @@ import torch
 
 from lens_bias.core.errors import LensBiasError
 
-__all__ = ["available_bytes", "forward_bytes", "train_bytes", "plan_batch", "check_train", "check_device", "format_bytes", "MEMORY_FRACTION",
+__all__ = ["check_held", "available_bytes", "forward_bytes", "train_bytes", "plan_batch", "check_train", "check_device", "format_bytes", "MEMORY_FRACTION",
            "release_freed", "return_freed_memory"]
 
 logger = logging.getLogger(__name__)
@@ -57,6 +57,22 @@ def format_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     raise AssertionError("unreachable")
+
+
+def check_held(what: str, count: int, per_item: int, fix: str, each: str) -> None:
+    """Refuse, in one line, to hold ``count`` items of ``per_item`` bytes in CPU memory when they cannot fit.
+
+    ``fix`` names the count to lower (the message gives the largest that fits); ``each``, what makes one item large,
+    for when not even one fits.
+    """
+    budget = MEMORY_FRACTION * available_bytes("cpu")
+    if count * per_item > budget:
+        fits = int(budget // per_item)
+        advice = f"pass {fix} <= {fits}" if fits >= 1 else f"not even one fits: lower {each}"
+        raise LensBiasError(
+            f"{what} would hold about {format_bytes(count * per_item)} ({count} × {format_bytes(per_item)}) but only "
+            f"{format_bytes(budget)} of CPU memory can be used; {advice}"
+        )
 
 
 def check_device(device: Union[str, torch.device, None]) -> torch.device:

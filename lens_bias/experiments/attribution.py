@@ -52,6 +52,9 @@ PRESETS = {
 def run_attribution(model: Any, config: AttributionConfig = AttributionConfig(), *, progress: bool = True) -> SinkAttributionResult:
     """``sink_attribution`` on ``config.n`` measured and ``config.calibration`` calibration sequences of ``model``."""
     total = config.n + config.calibration
+    n_ctx = int(model.cfg.n_ctx)
+    if config.seq_len > n_ctx:  # before any tokens are made
+        raise LensBiasError(f"seq_len {config.seq_len} exceeds the model's context n_ctx={n_ctx}; pass seq_len <= {n_ctx}")
     if config.inputs == "text":
         tokenizer = getattr(model, "tokenizer", None)
         if tokenizer is None:

@@ -59,11 +59,21 @@ class Experiment:
             parser.add_argument("--model", default=DEFAULT_MODEL, metavar="MODEL", help=f"{self.model_help} (any MODEL string)")
 
     def config(self, preset: str | None = None, overrides: Sequence[str] = ()) -> Any:
-        """The preset's config (the default preset when None) with ``FIELD=VALUE`` overrides applied."""
+        """The preset's config (the default preset when None) with ``FIELD=VALUE`` overrides applied; an integer
+        field below its least value (``least``) is refused in one line before anything runs."""
         name = self.default_preset if preset is None else preset
         if name not in self.presets:
             raise LensBiasError(f"unknown preset {name!r} of {self.name}; choose from {list(self.presets)}")
-        return dataclasses.replace(self.presets[name], **parse_assignments(self.config_type, overrides, "--set"))
+        config = dataclasses.replace(self.presets[name], **parse_assignments(self.config_type, overrides, "--set"))
+        for field in dataclasses.fields(config):
+            value = getattr(config, field.name)
+            if type(value) is int and value < self.least(field.name):
+                raise LensBiasError(f"{field.name} must be >= {self.least(field.name)}, got {value}")
+        return config
+
+    def least(self, field: str) -> int:
+        """The least value of an integer config field: 0 for seeds, 1 for every count and size (override to change)."""
+        return 0 if field.endswith("seed") else 1
 
     def run(self, config: Any, args: argparse.Namespace) -> Outcome:
         """Run with ``config`` and the parsed command line (``args.out``, ``args.no_progress`` and this

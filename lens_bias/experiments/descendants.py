@@ -22,6 +22,8 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from lens_bias import seedprint
+from lens_bias.core import memory
+from lens_bias.core.adapter import ModelAdapter
 from lens_bias.core.corpora import code
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.serialise import Serialisable
@@ -198,6 +200,7 @@ def real_descendants(
         (f"{rotated}, fine-tuned {cfg.finetune_steps} steps", _ROTATED, lambda: tune(made["rotated"])),
         (f"{rotated}, 4-bit", _ROTATED, lambda: (quantize(made["rotated"], 4, cfg.group_size), None)),
     ]
+    _check_sizes(model, cfg, data, n_models=1 + len(makers) + cfg.n_random)
     bar = tqdm(total=1 + len(makers) + cfg.n_random, desc="real descendants", disable=not progress)
     base = fingerprint(model)
     prints, rows, covers = {"base": base}, [], {}
@@ -248,6 +251,23 @@ def real_descendants(
         table=pd.DataFrame(tests), models=models, metrics=pd.DataFrame(metrics), base_eval_loss=base_loss, fingerprints=prints,
         config=cfg.to_dict(), seconds=time.perf_counter() - started,
     )
+
+
+def _check_sizes(model: Any, cfg: DescendantsConfig, data: TokenData, n_models: int) -> None:
+    """Refuse, before the first descendant, sizes that a later one would refuse only after minutes."""
+    adapter = ModelAdapter(model)
+    info = adapter.info
+    if cfg.seq_len > info.n_ctx:
+        raise LensBiasError(f"seq_len {cfg.seq_len} exceeds the model's context n_ctx={info.n_ctx}; pass seq_len <= {info.n_ctx}")
+    if cfg.lora_rank > info.d_model:
+        raise LensBiasError(f"lora_rank {cfg.lora_rank} exceeds d_model {info.d_model}, the smallest side of the adapted matrices; pass lora_rank <= {info.d_model}")
+    if cfg.eval_blocks > len(data.eval):
+        raise LensBiasError(f"eval_blocks {cfg.eval_blocks} exceeds the {len(data.eval)} held-out blocks of {cfg.finetune_seq_len + 1} tokens; pass eval_blocks <= {len(data.eval)}")
+    # the fine-tunes' training step, and every model's [n, d_model] fingerprint kept until the tests
+    memory.check_train(info, batch_size=cfg.finetune_batch, seq_len=cfg.finetune_seq_len, n_params=sum(p.numel() for p in model.parameters()),
+                       device=adapter.device, act_dtype=adapter.dtype)
+    memory.check_held("the fingerprints of the base, its descendants and the random inits", n_models, cfg.n * info.d_model * 4,
+                      f"n_random + {n_models - cfg.n_random}", "n")
 
 
 class DescendantsExperiment(Experiment):

@@ -38,6 +38,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from lens_bias import seedprint
+from lens_bias.core import memory
 from lens_bias.core.corpora import code, prose
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.figures import new_figure
@@ -185,10 +186,16 @@ def run_persistence(
         raise LensBiasError(f"inputs must be a non-empty subset of {list(KINDS)}, got {inputs!r}")
     if cfg.n_inputs > cfg.vocab // 4:
         raise LensBiasError(f"token fingerprints need n_inputs <= vocab / 4 (got {cfg.n_inputs} > {cfg.vocab // 4})")
-    on_prose = TokenData.build(prose(), vocab_size=cfg.vocab, seq_len=cfg.seq_len)
-    on_code = TokenData.build(code(), seq_len=cfg.seq_len, tokenizer_from=on_prose)
+    if cfg.m > cfg.d_model:  # before any training: the fingerprints come last
+        raise LensBiasError(f"m (identity dims) must be <= d_model {cfg.d_model}, got {cfg.m}")
+    # every model's fingerprints are kept until the tables: the seeds' inits, trained and continued models, the nulls
+    models = 2 * len(SEEDS) + 2 + cfg.n_null_trained + (cfg.n_null if "embeddings" in kinds else 0)
+    memory.check_held("the persistence fingerprints", models, len(kinds) * cfg.n_inputs * cfg.d_model * 4, "8 + n_null_trained (+ n_null with embedding inputs)", "n_inputs or d_model")
+    on_prose = TokenData.build(prose(), vocab_size=cfg.vocab, seq_len=cfg.seq_len, progress=progress)
+    on_code = TokenData.build(code(), seq_len=cfg.seq_len, tokenizer_from=on_prose, progress=progress)
     spec = ModelSpec(cfg.arch, d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads, d_vocab=cfg.vocab, n_ctx=max(cfg.seq_len, cfg.input_len))
-    pretrain = dict(steps=cfg.pretrain_steps, batch_size=cfg.batch_size, lr=cfg.pretrain_lr, weight_decay=cfg.weight_decay, data_seed=DATA_SEED, progress=False)
+    # each run's own bar under the runs' bar: a long run shows its steps and ETA
+    pretrain = dict(steps=cfg.pretrain_steps, batch_size=cfg.batch_size, lr=cfg.pretrain_lr, weight_decay=cfg.weight_decay, data_seed=DATA_SEED, progress=progress)
     prints: dict[str, dict[str, seedprint.Fingerprint]] = {}
 
     def fingerprint(model: Any, kind: str) -> seedprint.Fingerprint:
@@ -218,7 +225,7 @@ def run_persistence(
     for seed in tqdm((1000, 123), desc="continuing on code", disable=not progress):
         model = copy.deepcopy(trained[seed])
         model.lens_bias_spec = trained[seed].lens_bias_spec
-        run = train(model, on_code, steps=cfg.continue_steps, batch_size=cfg.batch_size, lr=cfg.continue_lr, weight_decay=cfg.weight_decay, data_seed=DATA_SEED, progress=False)
+        run = train(model, on_code, steps=cfg.continue_steps, batch_size=cfg.batch_size, lr=cfg.continue_lr, weight_decay=cfg.weight_decay, data_seed=DATA_SEED, progress=progress)
         training.append(_training_row(f"continue {seed} on code", run, on_code))
         prints[f"code-continued {seed}"] = fingerprints(model)
 

@@ -23,6 +23,7 @@ from typing import Any, Sequence
 
 import pandas as pd
 import torch
+from tqdm.auto import tqdm
 
 from lens_bias.analyses.base import measure
 from lens_bias.analyses.sinks import DEFAULT_EPS, Sinks, SinksResult
@@ -230,19 +231,32 @@ class RealModelResult:
         return "\n\n".join(parts) + "\n"
 
 
-def run(model: Any, config: RealModelConfig = RealModelConfig()) -> RealModelResult:
+def _check_sizes(model: Any, config: RealModelConfig) -> None:
+    """Refuse, before the first table, sizes that a later table would refuse only after minutes."""
+    n_ctx = int(model.cfg.n_ctx)
+    if config.seq_len > n_ctx:
+        raise LensBiasError(f"seq_len {config.seq_len} exceeds the model's context n_ctx={n_ctx}; pass seq_len <= {n_ctx}")
+    if not 0 < config.move_position < config.seq_len:
+        raise LensBiasError(f"move_position must lie in 1..{config.seq_len - 1} (a later token than the first), got {config.move_position}")
+    # every table reads held-out text windows; the corpus holds a fixed number of them at this length
+    text_tokens(_tokenizer(model), max(config.sink_sequences, config.move_sequences, config.precision_sequences), config.seq_len)
+
+
+def run(model: Any, config: RealModelConfig = RealModelConfig(), *, progress: bool = True) -> RealModelResult:
     """Experiments 1, 4 and 6 on ``model`` (a pretrained TL model with a tokenizer)."""
-    seconds = {}
-    start = time.perf_counter()
-    sinks = sink_table(model, n=config.sink_sequences, seq_len=config.seq_len, eps=config.eps, seed=config.seed)
-    seconds["sinks"] = time.perf_counter() - start
-    start = time.perf_counter()
-    move = move_sink_table(model, n=config.move_sequences, seq_len=config.seq_len, position=config.move_position, factor=config.move_factor, eps=config.eps, seed=config.seed)
-    seconds["move"] = time.perf_counter() - start
-    start = time.perf_counter()
-    precision = precision_table(model, n=config.precision_sequences, seq_len=config.seq_len, seed=config.seed)
-    seconds["precision"] = time.perf_counter() - start
-    return RealModelResult(config, sinks, move, precision, seconds)
+    _check_sizes(model, config)
+    tables = {
+        "sinks": lambda: sink_table(model, n=config.sink_sequences, seq_len=config.seq_len, eps=config.eps, seed=config.seed),
+        "move": lambda: move_sink_table(model, n=config.move_sequences, seq_len=config.seq_len, position=config.move_position,
+                                        factor=config.move_factor, eps=config.eps, seed=config.seed),
+        "precision": lambda: precision_table(model, n=config.precision_sequences, seq_len=config.seq_len, seed=config.seed),
+    }
+    seconds, done = {}, {}
+    for name, make in tqdm(tables.items(), desc="real-model tables", disable=not progress):
+        start = time.perf_counter()
+        done[name] = make()
+        seconds[name] = time.perf_counter() - start
+    return RealModelResult(config, done["sinks"], done["move"], done["precision"], seconds)
 
 
 class RealModelExperiment(Experiment):
@@ -256,7 +270,7 @@ class RealModelExperiment(Experiment):
     model_help = "a pretrained model with a tokenizer"
 
     def run(self, config: RealModelConfig, args: Any) -> Outcome:
-        result = run(load_model(args.model), config)
+        result = run(load_model(args.model), config, progress=not args.no_progress)
         text = result.markdown()
         if args.out:
             Path(args.out).mkdir(parents=True, exist_ok=True)

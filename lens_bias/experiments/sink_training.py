@@ -26,6 +26,7 @@ from typing import Any, Sequence, Union
 import pandas as pd
 import torch
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from lens_bias.analyses.base import measure
 from lens_bias.analyses.positional_variance import (
@@ -36,7 +37,7 @@ from lens_bias.analyses.sinks import Sinks, SinksResult
 from lens_bias.analyses.super_neurons import SuperNeurons
 from lens_bias.core.corpora import code, prose
 from lens_bias.core.errors import LensBiasError
-from lens_bias.core.inputs import random_tokens, with_bos
+from lens_bias.core.inputs import RandomTokens, with_bos
 from lens_bias.core.serialise import Serialisable
 from lens_bias.core.tables import markdown_table
 from lens_bias.experiments.base import Experiment, Outcome
@@ -150,11 +151,11 @@ class SinkExperimentResult:
         return "\n\n".join(parts) + "\n"
 
 
-def init_variance_table(cfg: SinkConfig, seeds: Sequence[int] = (0, 1)) -> pd.DataFrame:
+def init_variance_table(cfg: SinkConfig, seeds: Sequence[int] = (0, 1), *, progress: bool = False) -> pd.DataFrame:
     """Experiment 1: r_t at init for softmax and uniform attention, two seeds, MaskToSelf, HeadwiseRMSNorm."""
     k = cfg.position
     spec = ModelSpec(cfg.arch, d_model=cfg.init_d_model, n_layers=cfg.init_n_layers, n_heads=max(1, cfg.init_d_model // 32), d_vocab=8000, n_ctx=cfg.seq_len)
-    tokens = random_tokens(cfg.init_sequences, cfg.seq_len, spec.d_vocab, seed=7)
+    tokens = RandomTokens(cfg.init_sequences, cfg.seq_len, spec.d_vocab, seed=7)  # random_tokens' IDs, drawn per batch
     conditions: list[tuple[str, int, float, list[Intervention]]] = []
     for seed in seeds:
         conditions += [(f"softmax, seed {seed}", seed, spec.init_std, []), (f"uniform, seed {seed}", seed, spec.init_std, [UniformAttention()])]
@@ -164,7 +165,7 @@ def init_variance_table(cfg: SinkConfig, seeds: Sequence[int] = (0, 1)) -> pd.Da
         (f"softmax, init std 0.2, seed {seeds[0]}", seeds[0], 0.2, []),
     ]
     rows = []
-    for name, seed, std, ivs in conditions:
+    for name, seed, std, ivs in tqdm(conditions, desc="init variance", disable=not progress):
         res: PositionalVarianceResult = measure(random_init(replace(spec, seed=seed, init_std=std)), tokens, [PositionalVariance()], interventions=ivs)["positional_variance"]  # type: ignore[assignment]
         r, t = res.r_out[0], res.r_out.shape[1]
         rows.append({
@@ -175,12 +176,12 @@ def init_variance_table(cfg: SinkConfig, seeds: Sequence[int] = (0, 1)) -> pd.Da
     return pd.DataFrame(rows)
 
 
-def corpus_data(cfg: SinkConfig) -> TokenData:
+def corpus_data(cfg: SinkConfig, *, progress: bool = False) -> TokenData:
     """The packed training text of ``cfg`` (the prose tokenizer in both cases, cached after the first call)."""
     if cfg.corpus not in ("prose", "code"):
         raise LensBiasError(f"corpus must be 'prose' or 'code', got {cfg.corpus!r}")
-    on_prose = TokenData.build(prose(), vocab_size=cfg.vocab, seq_len=cfg.seq_len)
-    return on_prose if cfg.corpus == "prose" else TokenData.build(code(), seq_len=cfg.seq_len, tokenizer_from=on_prose)
+    on_prose = TokenData.build(prose(), vocab_size=cfg.vocab, seq_len=cfg.seq_len, progress=progress)
+    return on_prose if cfg.corpus == "prose" else TokenData.build(code(), seq_len=cfg.seq_len, tokenizer_from=on_prose, progress=progress)
 
 
 def eval_tokens(data: TokenData, n: int) -> Tensor:
@@ -295,15 +296,17 @@ def run_sink_experiment(
     if isinstance(config, str) and config not in PRESETS:
         raise LensBiasError(f"unknown preset {config!r}; choose from {list(PRESETS)}")
     cfg = PRESETS[config] if isinstance(config, str) else config
-    init_table = init_variance_table(cfg)
+    if not 0 < cfg.position < cfg.seq_len:  # the later token the interventions move the sink to
+        raise LensBiasError(f"position must lie in 1..{cfg.seq_len - 1} (a later token than the first), got {cfg.position}")
+    init_table = init_variance_table(cfg, progress=progress)
     training_rows = []
     if trained is not None:
         model, trained_cfg = sink_model(trained, device=device)
         cfg = replace(trained_cfg, train_rmsnorm=cfg.train_rmsnorm, position=cfg.position, factor=cfg.factor, eps=cfg.eps, n_eval=cfg.n_eval)
-        data = corpus_data(cfg)
+        data = corpus_data(cfg, progress=progress)
         baseline_run = None
     else:
-        data = corpus_data(cfg)
+        data = corpus_data(cfg, progress=progress)
         model, baseline_run, seconds = train_sink_model(cfg, data, progress=progress, device=device)
         training_rows.append(_training_row("baseline", baseline_run, data, seconds))
     tokens = eval_tokens(data, cfg.n_eval)
@@ -331,7 +334,7 @@ def run_sink_experiment(
         for name, m, ivs, run in (("baseline", base_model, [], baseline_run), ("HeadwiseRMSNorm", rms_model, [norm], rms_run)):
             sinks = trained_results["sinks"] if m is model else measure(m, tokens, [Sinks(eps=cfg.eps, per_sequence=True)], interventions=ivs)["sinks"]
             # positional spread across *random* sequences: on text every sequence starts with the same BOS
-            variance = measure(m, random_tokens(cfg.init_sequences, cfg.seq_len, cfg.vocab, seed=7), [PositionalVariance()], interventions=ivs)["positional_variance"]
+            variance = measure(m, RandomTokens(cfg.init_sequences, cfg.seq_len, cfg.vocab, seed=7), [PositionalVariance()], interventions=ivs)["positional_variance"]
             rms_rows.append({
                 "model": name, "eval_loss": run.final_eval_loss, f"sink0@{cfg.eps:g}": sinks.rate(cfg.eps)[0].item(),  # type: ignore[attr-defined]
                 "sink0@0.1": sinks.rate(0.1)[0].item(), "share0": sinks.share(0).mean().item(),  # type: ignore[attr-defined]

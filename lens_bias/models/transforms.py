@@ -144,7 +144,8 @@ def quantize(model: Any, bits: int = 8, group_size: int = 32) -> Any:
     def round_trip(name: str, w: Tensor) -> Tensor:
         rows = w.reshape(-1, w.shape[-1])
         cols = rows.shape[1]
-        groups = F.pad(rows, (0, (-cols) % group_size)).view(rows.shape[0], -1, group_size)  # zero padding: absmax unchanged
+        size = min(group_size, cols)  # a group longer than the axis is the whole row: no padding to its length
+        groups = F.pad(rows, (0, (-cols) % size)).view(rows.shape[0], -1, size)  # zero padding: absmax unchanged
         scale = groups.abs().amax(-1, keepdim=True) / levels
         q = torch.round(groups / torch.where(scale > 0, scale, 1.0)).clamp(-levels, levels)
         return (q * scale).view(rows.shape[0], -1)[:, :cols].reshape(w.shape)
@@ -220,6 +221,8 @@ def low_rank_delta(model: Any, rank: int = 8, scale: float = 0.05, seed: int = 0
 
     def add_delta(name: str, w: Tensor) -> Tensor:
         matrix, back = _matrix(name, w)
+        if rank > min(matrix.shape):
+            raise LensBiasError(f"rank {rank} exceeds the {tuple(matrix.shape)} matrix {name}; pass rank <= {min(matrix.shape)}")
         a = torch.randn(rank, matrix.shape[1], generator=generator)
         b = torch.randn(matrix.shape[0], rank, generator=generator)
         delta = b @ a

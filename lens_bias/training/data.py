@@ -15,6 +15,7 @@ from typing import Any, Sequence, Union
 import torch
 from jaxtyping import Int
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from lens_bias.core.corpora import EVAL_FRACTION, Corpus, cache_dir, held_out_documents
 from lens_bias.core.errors import LensBiasError
@@ -56,9 +57,10 @@ class TokenData:
         vocab_size: int = 4096,
         seq_len: int = 128,
         eval_fraction: float = EVAL_FRACTION,
-        tokenizer_from: "TokenData | Any" = None,
+        tokenizer_from: TokenData | Any = None,
         cache: Union[str, Path, None] = None,
-    ) -> "TokenData":
+        progress: bool = False,
+    ) -> TokenData:
         """Tokenize and pack ``corpus`` (cached by content, vocabulary size and sequence length).
 
         Args:
@@ -70,6 +72,7 @@ class TokenData:
                 keep the model's vocabulary), or a pretrained one — a Hugging Face fast tokenizer such as a
                 pretrained model's ``model.tokenizer``, or a ``tokenizers.Tokenizer`` — to train that model.
             cache: cache folder (default :func:`cache_dir`).
+            progress: a progress bar over its three steps (the tokenizer, the training blocks, the held-out blocks).
         """
         if not 0 < eval_fraction < 1:
             raise LensBiasError(f"eval_fraction must be in (0, 1), got {eval_fraction}")
@@ -77,14 +80,21 @@ class TokenData:
             raise LensBiasError(f"seq_len must be a positive int, got {seq_len!r}")
         folder = Path(cache) if cache is not None else cache_dir()
         folder.mkdir(parents=True, exist_ok=True)
+        with tqdm(total=3, desc=f"tokenizing {corpus.name}", disable=not progress, leave=False) as bar:
+            return cls._build(corpus, vocab_size, seq_len, eval_fraction, tokenizer_from, folder, bar)
+
+    @classmethod
+    def _build(cls, corpus: Corpus, vocab_size: int, seq_len: int, eval_fraction: float, tokenizer_from: Any, folder: Path, bar: Any) -> TokenData:
         if isinstance(tokenizer_from, TokenData):
             tokenizer_path, vocab_size = tokenizer_from.tokenizer_path, tokenizer_from.vocab_size
         elif tokenizer_from is not None:
             tokenizer_path, vocab_size = _save_pretrained(tokenizer_from, folder)
         else:
+            _check_vocab_size(vocab_size, corpus)
             tokenizer_path = folder / f"tokenizer-{corpus.name}-{corpus.digest()}-{vocab_size}.json"
             if not tokenizer_path.exists():
                 _train_tokenizer(corpus.documents, vocab_size).save(str(tokenizer_path))
+        bar.update()
         key = hashlib.sha256(f"{corpus.digest()}|{tokenizer_path.name}|{seq_len}|{eval_fraction}".encode()).hexdigest()[:16]
         blocks_path = folder / f"blocks-{corpus.name}-{key}.pt"
         if blocks_path.exists():
@@ -96,12 +106,31 @@ class TokenData:
         split = len(corpus.documents) - len(held_out_documents(corpus, eval_fraction))
         eot = _separator(tokenizer, tokenizer_from)
         train = _pack(tokenizer, corpus.documents[:split], seq_len, eot)
+        bar.update()
         held_out = _pack(tokenizer, corpus.documents[split:], seq_len, eot)
+        bar.update()
         if len(train) == 0 or len(held_out) == 0:
             raise LensBiasError(f"corpus {corpus.name!r} is too small for blocks of {seq_len + 1} tokens")
         meta = {**corpus.meta, "corpus": corpus.name, "digest": corpus.digest(), "documents": len(corpus.documents), "seq_len": seq_len, "vocab_size": vocab_size}
         torch.save({"train": train, "eval": held_out, "meta": json.dumps(meta)}, blocks_path)
         return cls(corpus.name, train, held_out, vocab_size, tokenizer_path, meta)
+
+
+# The byte-level alphabet and the end-of-text token: what a BPE vocabulary holds before its first merge.
+_BASE_VOCAB = 257
+
+
+def _check_vocab_size(vocab_size: Any, corpus: Corpus) -> None:
+    """Every merge joins two neighbouring symbols of the corpus, so it has fewer merges than characters; the BPE
+    trainer reserves a table of ``vocab_size`` entries at once, so a larger size would only exhaust memory."""
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < _BASE_VOCAB:
+        raise LensBiasError(f"vocab_size must be an int >= {_BASE_VOCAB} (the byte alphabet and the end-of-text token), got {vocab_size!r}")
+    largest = _BASE_VOCAB + sum(len(doc) for doc in corpus.documents)
+    if vocab_size > largest:
+        raise LensBiasError(
+            f"vocab_size {vocab_size} is more than the {corpus.name!r} corpus can give a BPE tokenizer (fewer merges than its "
+            f"characters); pass vocab_size <= {largest}"
+        )
 
 
 def _train_tokenizer(documents: Sequence[str], vocab_size: int) -> Any:

@@ -192,7 +192,7 @@ def train(
         with intervene(model, *interventions):
             if checkpoint_every:
                 checkpoint(0)
-            for step in tqdm(range(steps), desc="train", disable=not progress):
+            for step in tqdm(range(steps), desc="train", disable=not progress, leave=False):
                 rate = _lr(step, steps, lr, warmup, schedule)
                 for group in optimizer.param_groups:
                     group["lr"] = rate
