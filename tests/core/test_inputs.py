@@ -62,6 +62,15 @@ def test_a_count_that_cannot_fit_is_refused_after_one_batch(count, monkeypatch):
         handle.remove()
 
 
+def test_a_token_tensor_that_cannot_fit_is_refused_before_it_is_made(monkeypatch):
+    monkeypatch.setattr(memory, "available_bytes", lambda device=None: 2 * 2**20)  # 1 MiB usable: 16384 IDs of 8 bytes
+    with pytest.raises(LensBiasError, match=r"random_tokens\(1000000000000, 8\) would hold about 58.2 TiB .* pass n <= 16384$"):
+        lens_bias.random_tokens(10**12, 8, 100)
+    with pytest.raises(LensBiasError, match="not even one fits: lower seq_len"):
+        lens_bias.random_tokens(4, 10**12, 100)
+    assert lens_bias.random_tokens(16384, 8, 100).shape == (16384, 8)  # the largest count it names is made
+
+
 def test_random_embeddings_rows_do_not_depend_on_batching():
     emb = RandomEmbeddings(n=10, seq_len=6, d_model=32, mean=0.1, std=0.5, seed=42)
     whole = emb.tensor()

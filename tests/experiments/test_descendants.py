@@ -44,7 +44,7 @@ def code_blocks():
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("bits, group_size", [(8, 32), (4, 32), (4, 24)])
+@pytest.mark.parametrize("bits, group_size", [(8, 32), (4, 32), (4, 24), (4, 10**12)])  # a group longer than a row: the row
 def test_quantize_moves_each_weight_by_at_most_half_its_groups_step(arch, bits, group_size):
     model = tiny(arch)
     before = state_copy(model)
@@ -130,6 +130,8 @@ def test_low_rank_delta_has_rank_r_and_the_asked_relative_norm(arch):
     other = _weights(T.low_rank_delta(model, rank=rank, scale=scale, seed=6))
     assert all(torch.equal(p, adapted[n]) for n, p in again.items())
     assert not all(torch.equal(p, adapted[n]) for n, p in other.items())
+    with pytest.raises(LensBiasError, match=r"rank 1000000000000 exceeds the .* matrix .*; pass rank <= "):  # before any allocation
+        T.low_rank_delta(model, rank=10**12)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -42,6 +42,14 @@ def blocks(corpora, tmp_path_factory):
     return on_prose, on_code
 
 
+def test_a_vocabulary_the_corpus_cannot_give_is_refused_before_training(tmp_path):
+    tiny = Corpus("tiny", ("abc abd " * 10,) * 3)  # 240 characters: at most 240 merges after the 257 base symbols
+    with pytest.raises(LensBiasError, match="vocab_size must be an int >= 257"):
+        TokenData.build(tiny, vocab_size=100, seq_len=8, cache=tmp_path)
+    with pytest.raises(LensBiasError, match="pass vocab_size <= 497"):
+        TokenData.build(tiny, vocab_size=10**12, seq_len=8, cache=tmp_path)  # the BPE trainer would abort the process
+
+
 def test_tokenizer_round_trips_and_blocks_pack(blocks):
     on_prose, on_code = blocks
     tokenizer = on_prose.tokenizer()
