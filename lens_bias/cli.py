@@ -125,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--align", choices=[m for m in seedprint.ALIGN_MODES if m], default=None,
                    help="fit a map from B's features to A's basis on half the inputs first, test on the other half (a permuted or rotated basis)")
     t.add_argument("--json", action="store_true", help="print the result as JSON")
+    t.add_argument("--no-progress", action="store_true", help="hide the progress bars of the seeds and empirical nulls")
 
     g = command(
         "lineage",
@@ -234,6 +235,7 @@ def _seedprint(args: argparse.Namespace) -> str:
     result = seedprint.lineage_test(
         seedprint.Fingerprint.load(args.a), seedprint.Fingerprint.load(args.b), m=args.m, ratio_k=args.ratio_k,
         mode=args.mode, temperature=args.temperature, null=seedprint.null_named(args.null, **settings), alpha=args.alpha, align=args.align,
+        progress=not args.no_progress,
     )
     if args.json:
         keys = ("p", "log10_p", "tau_bar", "z", "k", "n", "m", "mode", "null", "alpha", "same_lineage", "reason", "null_details", "align", "fit_rows")

@@ -8,8 +8,10 @@ once, as a user would stop it.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
+import functools
 import io
 import os
 import signal
@@ -20,7 +22,8 @@ import tqdm.std
 from hypothesis import event, example, given
 from hypothesis import strategies as st
 
-from lens_bias.cli import main
+import lens_bias
+from lens_bias.cli import build_parser, main
 from lens_bias.core import memory
 from lens_bias.experiments.base import EXPERIMENTS
 
@@ -28,7 +31,8 @@ from .test_properties import settings  # noqa: F401 - registers and loads the su
 
 LONG = 1000
 SPEC = "llama:d=16,L=1,H=2,V=300,ctx=16"
-# (command, the size flag, the other arguments); each size flag of the command line that takes a count
+# (command, the size flag, the other arguments[, how the value is written]); each size flag of the command line
+# that takes a count. "a.pt" is a tiny model's fingerprint, written where each example runs.
 SIZES = [
     ("analyze", "--n-sequences", ["--d-model", "16", "--n-layers", "1", "--n-heads", "2", "--d-vocab", "50", "--seq-len", "6"]),
     ("analyze", "--seq-len", ["--d-model", "16", "--n-layers", "1", "--n-heads", "2", "--d-vocab", "50", "--n-sequences", "3"]),
@@ -49,7 +53,17 @@ SIZES = [
     ("train", "--batch-size", [SPEC, "--out", "run", "--steps", "1", "--seq-len", "8"]),
     ("train", "--seq-len", [SPEC, "--out", "run", "--steps", "1", "--batch-size", "2"]),
     ("train", "--checkpoint-every", [SPEC, "--out", "run", "--steps", "2", "--batch-size", "2", "--seq-len", "8"]),
+    ("lineage", "--vocab", [f"{SPEC},seed=1", f"{SPEC},seed=2", "--n", "8", "--seq-len", "8", "--m", "4"]),
+    ("seedprint", "--m", ["a.pt", "a.pt"]),
+    ("seedprint", "--null-option", ["a.pt", "a.pt", "--m", "8", "--null", "seeds"], "n_null={}"),
+    ("seedprint", "--null-option", ["a.pt", "a.pt", "--m", "8", "--null", "empirical"], "n_trials={}"),
 ]
+
+
+@functools.cache
+def _fingerprint():
+    model = lens_bias.models.load_model(SPEC)
+    return lens_bias.seedprint.fingerprint(model, n=8, seq_len=8, progress=False)
 
 
 class _LongRun(Exception):
@@ -69,12 +83,17 @@ def _stop_long_bars(original):
 @example(size=SIZES[0], value=10**12)
 @example(size=SIZES[8], value=10**12)
 @example(size=SIZES[15], value=10**12)
+@example(size=SIZES[21], value=10**12)  # the seeds null's fingerprints
+@example(size=SIZES[22], value=10**12)  # the empirical null's trials
 def test_every_size_argument(size, value, tmp_path_factory):
-    command, flag, rest = size
-    argv = [command, *rest, flag, str(value)]
+    command, flag, rest, *written = size
+    argv = [command, *rest, flag, (written or ["{}"])[0].format(value)]
     out, err = io.StringIO(), io.StringIO()
     cache = str(tmp_path_factory.getbasetemp() / "cache")  # corpora and tokenizers, shared by the examples
-    with contextlib.chdir(tmp_path_factory.mktemp("sizes")), mock.patch.dict(os.environ, {"LENS_BIAS_CACHE": cache}), \
+    folder = tmp_path_factory.mktemp("sizes")
+    if "a.pt" in rest:
+        _fingerprint().save(folder / "a.pt")
+    with contextlib.chdir(folder), mock.patch.dict(os.environ, {"LENS_BIAS_CACHE": cache}), \
             contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
             mock.patch.object(memory, "available_bytes", lambda device=None: 64 * 2**20), \
             mock.patch.object(tqdm.std.tqdm, "__init__", _stop_long_bars(tqdm.std.tqdm.__init__)):
@@ -94,6 +113,14 @@ def test_every_size_argument(size, value, tmp_path_factory):
     else:
         event("a result")
         assert out.getvalue().strip()
+
+
+def test_every_count_flag_of_the_command_line_is_fuzzed():
+    subcommands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    counts = {(command, action.option_strings[0]) for command, parser in subcommands.choices.items()
+              for action in parser._actions if action.type is int and "seed" not in action.dest}
+    fuzzed = {(command, flag) for command, flag, *_ in SIZES}
+    assert counts <= fuzzed, sorted(counts - fuzzed)
 
 
 def test_a_refusal_names_the_estimate_the_limit_and_the_largest_count(capsys, monkeypatch, tmp_path):

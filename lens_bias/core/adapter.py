@@ -217,7 +217,7 @@ class _Kept:
                 "can be used, whatever the number of sequences; leave out the sections (probes) that keep the largest totals"
             )
         if per_seq * self.n + fixed > budget:
-            fits = max(0, int((budget - fixed) // per_seq)) if per_seq else 0
+            fits = int((budget - fixed) // per_seq)  # per_seq > 0 here: the totals alone fit
             totals = f" and {memory.format_bytes(fixed)} of running totals" if fixed else ""
             raise LensBiasError(
                 f"the probes keep {memory.format_bytes(per_seq)} per sequence{totals}: {self.n} sequences need about {memory.format_bytes(per_seq * self.n + fixed)} of CPU memory but only "

@@ -34,6 +34,7 @@ from scipy.stats import t as student_t
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from lens_bias.core import memory
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.registry import Registry
 from lens_bias.core.stats import kendall_tau_b
@@ -230,8 +231,10 @@ class EmpiricalNull(Null):
     def judge(self, case: Case) -> Judgement:
         generator = torch.Generator().manual_seed(self.seed)
         shape = tuple(case.full_a.shape)
+        # the pooled τ of every trial are kept for the test: k float64 values a trial
+        memory.check_held(f"the empirical null's {self.n_trials} trials", self.n_trials, 8 * max(1, case.statistic.k), "n_trials", "m")
         pooled = []
-        for _ in range(self.n_trials):  # random features through the whole pipeline, the alignment included
+        for _ in tqdm(range(self.n_trials), desc="empirical null", disable=not case.progress):  # random features through the whole pipeline, the alignment included
             ra, rb = torch.randn(shape, generator=generator), torch.randn(shape, generator=generator)
             taus = case.statistic_of(ra, rb).taus
             pooled.append(taus[~torch.isnan(taus)])
@@ -376,6 +379,7 @@ def seed_null_fingerprints(
             if not built:
                 built.append(random_init(replace(spec, seed=seed)))
             return redraw(built[0], seed)
+    memory.check_held(f"the seeds null's {n_null} fingerprints", n_null, base.features.numel() * 4, "n_null", "the base's inputs (n)")
     data = regenerate_inputs(base)
     seeds = [s for s in range(first_seed, first_seed + n_null + len(avoid)) if s not in avoid][:n_null]
     prints = []
