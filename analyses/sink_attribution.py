@@ -47,7 +47,7 @@ from lens_bias.analyses.super_weights import SuperWeights
 from lens_bias.core.adapter import ModelAdapter, Probe
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.figures import integer_ticks, new_figure
-from lens_bias.core.inputs import InputSpec
+from lens_bias.core.inputs import InputSpec, check_later_position
 from lens_bias.hooks import AmplifyVariance, Compose, Intervention, MaskToSelf, RemoveWeight, RemoveWeights, SetActivations, ZeroOutputDims
 from lens_bias.hooks.base import edit_hooks, edit_records
 
@@ -322,8 +322,7 @@ def sink_attribution(
         tokens, calibration = tokens[0::2], tokens[1::2]
     if tokens.shape[0] < 2 or calibration.shape[0] < 1:
         raise LensBiasError(f"sink_attribution needs at least 2 measured and 1 calibration sequence, got {tokens.shape[0]} and {calibration.shape[0]}")
-    if not 0 < position < tokens.shape[1]:
-        raise LensBiasError(f"position must lie in 1..{tokens.shape[1] - 1} (a later token than the first), got {position}")
+    check_later_position(position, tokens.shape[1])
     chosen = _condition_list(conditions) if conditions is not None else anatomy_conditions(
         model, calibration, n_candidates=n_candidates, n_random=n_random, position=position, factor=factor, seed=seed, batch_size=batch_size)
     records = [edit_records(c.interventions) for c in chosen]  # before the passes: an edit that cannot be recorded fails now

@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 
 from lens_bias.core import memory, offload, tl
 from lens_bias.core.errors import LensBiasError
-from lens_bias.core.inputs import Inputs, RandomEmbeddings, RandomTokens
+from lens_bias.core.inputs import Inputs, RandomEmbeddings, RandomTokens, check_context
 from lens_bias.core.serialise import Serialisable
 from lens_bias.core.stats import unit
 
@@ -362,11 +362,7 @@ class ModelAdapter:
 
     def check_inputs(self, inputs: Inputs) -> None:
         """Raise a clear error for inputs this model cannot take."""
-        seq_len = inputs.shape[1]
-        if seq_len > self.info.n_ctx:
-            raise LensBiasError(
-                f"seq_len {seq_len} exceeds the model's context n_ctx={self.info.n_ctx}; pass seq_len <= {self.info.n_ctx}"
-            )
+        check_context(inputs.shape[1], self.info.n_ctx)
         if isinstance(inputs, RandomEmbeddings) or (isinstance(inputs, Tensor) and inputs.ndim == 3):
             self.require(["hook_embed"], "embedding inputs")
             if inputs.shape[2] != self.info.d_model:
@@ -441,6 +437,8 @@ class ModelAdapter:
             def hook_fn(activation: Tensor, hook: Any) -> None:
                 finite_flags.append((hook_name, _nonfinite(activation, hook_name)))
                 for probe in group:
+                    if probe.combine == "first" and probe.key in kept.out:  # kept already: not computed again
+                        continue
                     kept.batch[probe.key] = probe.fn(activation).detach().float().cpu()
                 fired_this_batch.add(hook_name)
                 if fired_this_batch >= probe_hooks:

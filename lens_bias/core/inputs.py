@@ -21,7 +21,7 @@ from lens_bias.core.corpora import Corpus, code, held_out_documents, prose
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.serialise import Serialisable
 
-__all__ = ["random_tokens", "text_tokens", "repeated_tokens", "with_bos", "random_embeddings", "RandomTokens", "RandomEmbeddings", "InputSpec", "Inputs", "resolve_inputs"]
+__all__ = ["check_context", "check_later_position", "random_tokens", "text_tokens", "repeated_tokens", "with_bos", "random_embeddings", "RandomTokens", "RandomEmbeddings", "InputSpec", "Inputs", "resolve_inputs"]
 
 # The corpora real text is cut from, by name.
 CORPORA = {"prose": prose, "code": code}
@@ -33,6 +33,18 @@ def _check_count(name: str, value: Any, minimum: int) -> int:
     if value < minimum:
         raise LensBiasError(f"{name} must be >= {minimum}, got {value}")
     return value
+
+
+def check_context(seq_len: int, n_ctx: int) -> None:
+    """Refuse, in one line, sequences longer than the model's context."""
+    if seq_len > n_ctx:
+        raise LensBiasError(f"seq_len {seq_len} exceeds the model's context n_ctx={n_ctx}; pass seq_len <= {n_ctx}")
+
+
+def check_later_position(position: int, seq_len: int, name: str = "position") -> None:
+    """Refuse, in one line, a position that is not a later token than the first of ``seq_len``."""
+    if not 0 < position < seq_len:
+        raise LensBiasError(f"{name} must lie in 1..{seq_len - 1} (a later token than the first), got {position}")
 
 
 def random_tokens(

@@ -13,7 +13,7 @@ from typing import Any
 
 from lens_bias.analyses.sink_attribution import SinkAttributionResult, sink_attribution
 from lens_bias.core.errors import LensBiasError
-from lens_bias.core.inputs import random_tokens, text_tokens
+from lens_bias.core.inputs import check_context, random_tokens, text_tokens
 from lens_bias.core.serialise import Serialisable
 from lens_bias.core.tables import markdown_table
 from lens_bias.experiments.base import Experiment, Outcome
@@ -52,9 +52,7 @@ PRESETS = {
 def run_attribution(model: Any, config: AttributionConfig = AttributionConfig(), *, progress: bool = True) -> SinkAttributionResult:
     """``sink_attribution`` on ``config.n`` measured and ``config.calibration`` calibration sequences of ``model``."""
     total = config.n + config.calibration
-    n_ctx = int(model.cfg.n_ctx)
-    if config.seq_len > n_ctx:  # before any tokens are made
-        raise LensBiasError(f"seq_len {config.seq_len} exceeds the model's context n_ctx={n_ctx}; pass seq_len <= {n_ctx}")
+    check_context(config.seq_len, int(model.cfg.n_ctx))  # before any tokens are made
     if config.inputs == "text":
         tokenizer = getattr(model, "tokenizer", None)
         if tokenizer is None:

@@ -26,6 +26,7 @@ from lens_bias.core import memory
 from lens_bias.core.adapter import ModelAdapter
 from lens_bias.core.corpora import code
 from lens_bias.core.errors import LensBiasError
+from lens_bias.core.inputs import check_context
 from lens_bias.core.serialise import Serialisable
 from lens_bias.core.stats import detection_metrics
 from lens_bias.core.tables import markdown_table
@@ -257,8 +258,7 @@ def _check_sizes(model: Any, cfg: DescendantsConfig, data: TokenData, n_models: 
     """Refuse, before the first descendant, sizes that a later one would refuse only after minutes."""
     adapter = ModelAdapter(model)
     info = adapter.info
-    if cfg.seq_len > info.n_ctx:
-        raise LensBiasError(f"seq_len {cfg.seq_len} exceeds the model's context n_ctx={info.n_ctx}; pass seq_len <= {info.n_ctx}")
+    check_context(cfg.seq_len, info.n_ctx)
     if cfg.lora_rank > info.d_model:
         raise LensBiasError(f"lora_rank {cfg.lora_rank} exceeds d_model {info.d_model}, the smallest side of the adapted matrices; pass lora_rank <= {info.d_model}")
     if cfg.eval_blocks > len(data.eval):

@@ -29,7 +29,7 @@ from lens_bias.analyses.base import measure
 from lens_bias.analyses.sinks import DEFAULT_EPS, Sinks, SinksResult
 from lens_bias.core import tl
 from lens_bias.core.errors import LensBiasError
-from lens_bias.core.inputs import random_tokens, repeated_tokens, text_tokens, with_bos
+from lens_bias.core.inputs import check_context, check_later_position, random_tokens, repeated_tokens, text_tokens, with_bos
 from lens_bias.core.serialise import Serialisable
 from lens_bias.core.tables import markdown_table
 from lens_bias.experiments.base import Experiment, Outcome
@@ -233,11 +233,8 @@ class RealModelResult:
 
 def _check_sizes(model: Any, config: RealModelConfig) -> None:
     """Refuse, before the first table, sizes that a later table would refuse only after minutes."""
-    n_ctx = int(model.cfg.n_ctx)
-    if config.seq_len > n_ctx:
-        raise LensBiasError(f"seq_len {config.seq_len} exceeds the model's context n_ctx={n_ctx}; pass seq_len <= {n_ctx}")
-    if not 0 < config.move_position < config.seq_len:
-        raise LensBiasError(f"move_position must lie in 1..{config.seq_len - 1} (a later token than the first), got {config.move_position}")
+    check_context(config.seq_len, int(model.cfg.n_ctx))
+    check_later_position(config.move_position, config.seq_len, "move_position")
     # every table reads held-out text windows; the corpus holds a fixed number of them at this length
     text_tokens(_tokenizer(model), max(config.sink_sequences, config.move_sequences, config.precision_sequences), config.seq_len)
 

@@ -37,7 +37,7 @@ from lens_bias.analyses.sinks import Sinks, SinksResult
 from lens_bias.analyses.super_neurons import SuperNeurons
 from lens_bias.core.corpora import code, prose
 from lens_bias.core.errors import LensBiasError
-from lens_bias.core.inputs import RandomTokens, with_bos
+from lens_bias.core.inputs import RandomTokens, check_later_position, with_bos
 from lens_bias.core.serialise import Serialisable
 from lens_bias.core.tables import markdown_table
 from lens_bias.experiments.base import Experiment, Outcome
@@ -296,8 +296,7 @@ def run_sink_experiment(
     if isinstance(config, str) and config not in PRESETS:
         raise LensBiasError(f"unknown preset {config!r}; choose from {list(PRESETS)}")
     cfg = PRESETS[config] if isinstance(config, str) else config
-    if not 0 < cfg.position < cfg.seq_len:  # the later token the interventions move the sink to
-        raise LensBiasError(f"position must lie in 1..{cfg.seq_len - 1} (a later token than the first), got {cfg.position}")
+    check_later_position(cfg.position, cfg.seq_len)  # the later token the interventions move the sink to
     init_table = init_variance_table(cfg, progress=progress)
     training_rows = []
     if trained is not None:
