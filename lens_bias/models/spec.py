@@ -75,6 +75,8 @@ class ModelSpec(Serialisable):
                 raise LensBiasError(f"{name} must be a positive int, got {value!r}")
         if self.d_model % self.n_heads:
             raise LensBiasError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        if pos == "rotary" and (self.d_model // self.n_heads) % 2:  # rotary embeddings turn pairs of a head's dims
+            raise LensBiasError(f"rotary positions need an even head width: d_model / n_heads = {self.d_model // self.n_heads}; change d_model or n_heads")
         if self.attn_only and not family.attn_only_blocks:
             raise LensBiasError(f"attn_only=True is not built for arch {self.arch!r}; use one of {[n for n, a in ARCHITECTURES.items() if a.attn_only_blocks]}")
         if not self.init_std > 0:

@@ -106,6 +106,7 @@ def test_bfloat16_build():
         (dict(arch="gpt2", act_fn="tanh"), "act_fn 'tanh'"),
         (dict(arch="llama", positional_embedding="learned"), "positional_embedding 'learned'"),
         (dict(arch="gpt2", d_model=100, n_heads=8), "divisible"),
+        (dict(arch="llama", d_model=12, n_heads=4), "rotary positions need an even head width: d_model / n_heads = 3"),
         (dict(arch="llama", attn_only=True), "attn_only"),
     ],
 )
