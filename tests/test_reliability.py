@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import io
+import os
 
 import pytest
 import torch
@@ -13,6 +15,7 @@ from lens_bias import LensBiasError
 from lens_bias.cli import main
 from lens_bias.core import memory
 from lens_bias.core.adapter import Probe, last_position
+from lens_bias.core.files import atomic_save, atomic_write_text
 from lens_bias.models.checkpoints import load_checkpoint
 from lens_bias.seedprint import Fingerprint, fingerprint
 
@@ -292,6 +295,47 @@ def test_interrupted_save_leaves_no_partial_file(tmp_path, monkeypatch, garbage)
         fp.save(tmp_path / "new.pt")
     assert target.read_bytes() == good and not (tmp_path / "new.pt").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fp.pt"]
+
+
+class _InterruptOnWrite(io.RawIOBase):
+    """A file that raises KeyboardInterrupt on its ``at``-th write, as Ctrl-C would land mid-record."""
+
+    def __init__(self, inner, at: int):
+        self.inner, self.at, self.writes = inner, at, 0
+
+    def writable(self):
+        return True
+
+    def write(self, data):
+        self.writes += 1
+        if self.writes == self.at:
+            raise KeyboardInterrupt
+        return self.inner.write(data)
+
+
+@pytest.mark.parametrize("at", range(1, 9))
+def test_an_interrupt_inside_torch_save_surfaces_as_the_interrupt(tmp_path, monkeypatch, at):
+    # torch's zip writer, stopped mid-record, raises RuntimeError("unexpected pos") on its way out; the caller
+    # must see the KeyboardInterrupt, and neither a partial file nor the temporary one may stay.
+    real_save = torch.save
+    monkeypatch.setattr(torch, "save", lambda obj, handle: real_save(obj, _InterruptOnWrite(handle, at)))
+    with pytest.raises(KeyboardInterrupt):
+        atomic_save({"w": torch.randn(100, 10), "v": torch.randn(3)}, tmp_path / "out.pt")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("write", [lambda p: atomic_save({"v": torch.ones(3)}, p), lambda p: atomic_write_text(p, '{"a": 1}')],
+                         ids=["atomic_save", "atomic_write_text"])
+def test_an_interrupted_cache_write_keeps_the_old_file_whole(tmp_path, monkeypatch, write):
+    target = tmp_path / "cache.json"
+    target.write_text("old")
+    monkeypatch.setattr(os, "fsync", lambda fd: (_ for _ in ()).throw(KeyboardInterrupt))  # after every byte is written
+    with pytest.raises(KeyboardInterrupt):
+        write(target)
+    assert [p.name for p in tmp_path.iterdir()] == ["cache.json"] and target.read_text() == "old"
+    monkeypatch.undo()
+    write(target)
+    assert [p.name for p in tmp_path.iterdir()] == ["cache.json"] and target.read_bytes() != b"old"
 
 
 def test_interrupted_training_keeps_complete_checkpoints_only(tmp_path, monkeypatch):

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Iterable, Union
 
 from lens_bias.core.errors import LensBiasError
+from lens_bias.core.files import atomic_write_text
 
 __all__ = ["Corpus", "prose", "code", "text_files", "hf_dataset", "cache_dir", "held_out_documents", "EVAL_FRACTION"]
 
@@ -110,7 +111,7 @@ def _cached(name: str, min_chars: int, build: Any) -> Corpus:
         return Corpus(name, tuple(saved["documents"]), saved["meta"])
     corpus = build()
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"documents": corpus.documents, "meta": corpus.meta}), encoding="utf-8")
+    atomic_write_text(path, json.dumps({"documents": corpus.documents, "meta": corpus.meta}))
     return corpus
 
 

@@ -6,18 +6,28 @@ import os
 import pickle
 import zipfile
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, BinaryIO, Callable, Union
 
 import torch
 
 from lens_bias.core.errors import LensBiasError
 
-__all__ = ["atomic_save", "load_torch_file"]
+__all__ = ["atomic_save", "atomic_write_text", "load_torch_file"]
 
 
 def atomic_save(obj: Any, path: Union[str, Path]) -> Path:
     """``torch.save`` to a temporary name next to ``path``, then rename: an interrupted or failed write never
     leaves a partial file under the final name (and an existing file there stays intact)."""
+    return _atomic(path, lambda handle: torch.save(obj, handle))
+
+
+def atomic_write_text(path: Union[str, Path], text: str) -> Path:
+    """``Path.write_text`` (UTF-8) with the guarantee of :func:`atomic_save`: caches read back later are never
+    half-written JSON."""
+    return _atomic(path, lambda handle: handle.write(text.encode("utf-8")))
+
+
+def _atomic(path: Union[str, Path], write: Callable[[BinaryIO], Any]) -> Path:
     path = Path(path)
     if path.is_dir():
         raise LensBiasError(f"{path} is a folder; pass a file name such as {path / 'out.pt'}")
@@ -26,14 +36,30 @@ def atomic_save(obj: Any, path: Union[str, Path]) -> Path:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as handle:
-            torch.save(obj, handle)
+            write(handle)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:  # KeyboardInterrupt included: the temporary file goes, the final name is untouched
+    except BaseException as err:  # KeyboardInterrupt included: the temporary file goes, the final name is untouched
         tmp.unlink(missing_ok=True)
+        interrupt = _interrupt_behind(err)
+        if interrupt is not err:
+            raise interrupt from None
         raise
     return path
+
+
+def _interrupt_behind(err: BaseException) -> BaseException:
+    """The interrupt (KeyboardInterrupt, SystemExit, ...) that ``err`` was raised while handling, else ``err``.
+
+    torch.save's zip writer, stopped mid-record, raises its own RuntimeError ("unexpected pos") on the way out;
+    the caller should see the Ctrl-C it pressed, not that."""
+    seen = err
+    while seen is not None:
+        if not isinstance(seen, Exception):
+            return seen
+        seen = seen.__context__
+    return err
 
 
 def load_torch_file(path: Union[str, Path], what: str, fix: str) -> dict[str, Any]:

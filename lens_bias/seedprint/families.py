@@ -39,6 +39,7 @@ from lens_bias.core.adapter import ModelAdapter
 from lens_bias.core.corpora import cache_dir
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.figures import new_figure
+from lens_bias.core.files import atomic_write_text
 from lens_bias.core.serialise import Serialisable
 from lens_bias.core.stats import adjust_p, detection_metrics
 from lens_bias.models import SHIPPED, load_model, shipped_gguf
@@ -305,7 +306,7 @@ def _vocab(store: _Cache, key: str | None, model_of: Any, i: int) -> int:
     d_vocab = ModelAdapter(model_of(i)).info.d_vocab
     if card is not None:
         card.parent.mkdir(parents=True, exist_ok=True)
-        card.write_text(json.dumps({"d_vocab": d_vocab}))
+        atomic_write_text(card, json.dumps({"d_vocab": d_vocab}))
     return d_vocab
 
 

@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 
 from lens_bias.core.corpora import EVAL_FRACTION, Corpus, cache_dir, held_out_documents
 from lens_bias.core.errors import LensBiasError
+from lens_bias.core.files import atomic_save, atomic_write_text
 
 __all__ = ["TokenData"]
 
@@ -93,7 +94,7 @@ class TokenData:
             _check_vocab_size(vocab_size, corpus)
             tokenizer_path = folder / f"tokenizer-{corpus.name}-{corpus.digest()}-{vocab_size}.json"
             if not tokenizer_path.exists():
-                _train_tokenizer(corpus.documents, vocab_size).save(str(tokenizer_path))
+                atomic_write_text(tokenizer_path, _train_tokenizer(corpus.documents, vocab_size).to_str())
         bar.update()
         key = hashlib.sha256(f"{corpus.digest()}|{tokenizer_path.name}|{seq_len}|{eval_fraction}".encode()).hexdigest()[:16]
         blocks_path = folder / f"blocks-{corpus.name}-{key}.pt"
@@ -112,7 +113,7 @@ class TokenData:
         if len(train) == 0 or len(held_out) == 0:
             raise LensBiasError(f"corpus {corpus.name!r} is too small for blocks of {seq_len + 1} tokens")
         meta = {**corpus.meta, "corpus": corpus.name, "digest": corpus.digest(), "documents": len(corpus.documents), "seq_len": seq_len, "vocab_size": vocab_size}
-        torch.save({"train": train, "eval": held_out, "meta": json.dumps(meta)}, blocks_path)
+        atomic_save({"train": train, "eval": held_out, "meta": json.dumps(meta)}, blocks_path)  # a cache: never half-written
         return cls(corpus.name, train, held_out, vocab_size, tokenizer_path, meta)
 
 
@@ -158,7 +159,7 @@ def _save_pretrained(tokenizer: Any, folder: Path) -> tuple[Path, int]:
     text = backend.to_str()
     path = folder / f"tokenizer-pretrained-{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"
     if not path.exists():
-        path.write_text(text, encoding="utf-8")
+        atomic_write_text(path, text)
     return path, backend.get_vocab_size(with_added_tokens=True)
 
 
