@@ -1,9 +1,11 @@
 """At size: a LLaMA-architecture GGUF of about 1.1B parameters (TinyLlama's shape, random float16 weights) written
-with the gguf package's writer to a temporary folder, loaded with ``max_memory`` below its float32 size, and
-fingerprinted (in bfloat16, as SeedPrint runs half-precision models).
+with the gguf package's writer to a temporary folder, loaded in bfloat16 with ``max_memory`` below its float32 size,
+and fingerprinted.
 
-Prints the anonymous resident memory at the load's peak and at the fingerprint's peak against the limit and the
-model's float32 size, and the time per token. Nothing is kept: the folder is deleted at the end.
+It is loaded twice, each in a process of its own: one tensor at a time (``load_gguf_offloaded``, what
+``lens_bias.models.pretrained`` does for a GGUF with a device map) and, as the baseline, whole by transformers' GGUF
+loader. Prints the anonymous resident memory at the load's peak and at the fingerprint's peak against the limit and
+the model's float32 size, and the time per token. Nothing is kept: the folder is deleted at the end.
 
     python benchmarks/bench_gguf_1b.py                       # max_memory 1 GB, 8 sequences of 16 tokens
     python benchmarks/bench_gguf_1b.py --layers 4            # a smaller model, to check the plumbing
@@ -13,6 +15,9 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -60,6 +65,39 @@ def write_gguf(path: Path, *, d: int, layers: int, ff: int, heads: int, kv_heads
     return count
 
 
+def child(args: argparse.Namespace) -> None:
+    """Load ``args.path`` with one reader and fingerprint it; prints one JSON line."""
+    import torch
+
+    import lens_bias
+    from lens_bias.core.memory import return_freed_memory
+    from lens_bias.models.gguf_offload import load_gguf_offloaded
+    from lens_bias.models.huggingface import from_hf
+
+    path, offload = Path(args.path), str(Path(args.path).parent / f"offload-{args.reader}")
+    return_freed_memory()
+    base, peak = _resident_mib(), _Peak()
+    started = time.perf_counter()
+    if args.reader == "streamed":
+        hf = load_gguf_offloaded(path, dtype=torch.bfloat16, max_memory={"cpu": args.max_memory}, offload_folder=offload, progress=False)
+    else:
+        from transformers import AutoModelForCausalLM
+
+        hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, attn_implementation="eager", dtype=torch.bfloat16,
+                                                  device_map="auto", max_memory={"cpu": args.max_memory}, offload_folder=offload)
+    model = from_hf(hf)
+    out = {"load_s": time.perf_counter() - started, "load_peak_mib": peak.read()[0] - base[0]}
+    placement = list(getattr(hf, "hf_device_map", {"": "cpu"}).values())  # transformers sets none when all fits
+    gc.collect()
+    peak.reset()
+    lens_bias.seedprint.fingerprint(model, n=1, seq_len=args.seq_len, vocab=args.vocab, progress=False)  # warm-up
+    started = time.perf_counter()
+    fp = lens_bias.seedprint.fingerprint(model, n=args.n, seq_len=args.seq_len, vocab=args.vocab, progress=False)
+    out |= {"ms_per_token": 1000 * (time.perf_counter() - started) / (args.n * args.seq_len), "run_peak_mib": peak.read()[0] - base[0],
+            "on_disk": placement.count("disk"), "entries": len(placement), "finite": bool(torch.isfinite(fp.features).all())}
+    print(json.dumps(out))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--d-model", type=int, default=2048)
@@ -69,45 +107,34 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-memory", default="1GB", help="CPU memory the loaded weights may use (below the float32 size)")
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=16)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--path", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--reader", default="streamed", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    import lens_bias
-    from lens_bias.core.memory import return_freed_memory
-    from lens_bias.models.huggingface import from_hf
+    if args.child:
+        child(args)
+        return
 
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "llama-1b.gguf"
         started = time.perf_counter()
         params = write_gguf(path, d=args.d_model, layers=args.layers, ff=args.d_mlp, heads=32, kv_heads=4, vocab=args.vocab, ctx=2048)
         written = time.perf_counter() - started
-        float32_mib = params * 4 / 2**20
-        gc.collect()
-        return_freed_memory()
-        base, peak = _resident_mib(), _Peak()
-        started = time.perf_counter()
-        hf = AutoModelForCausalLM.from_pretrained(folder, gguf_file=path.name, attn_implementation="eager", dtype=torch.bfloat16,
-                                                  device_map="auto", max_memory={"cpu": args.max_memory}, offload_folder=str(Path(folder) / "offload"))
-        model = from_hf(hf)
-        loaded = time.perf_counter() - started
-        load_peak = peak.read()[0] - base[0]
-        gc.collect()
-        peak.reset()
-        placement = list(hf.hf_device_map.values())
-        lens_bias.seedprint.fingerprint(model, n=1, seq_len=args.seq_len, vocab=args.vocab, progress=False)  # warm-up
-        started = time.perf_counter()
-        fp = lens_bias.seedprint.fingerprint(model, n=args.n, seq_len=args.seq_len, vocab=args.vocab, progress=False)
-        seconds = time.perf_counter() - started
-        run_peak = peak.read()[0] - base[0]
+        runs = {}
+        for reader in ("streamed", "transformers"):  # each in a process of its own: freed memory stays in a process's heap
+            command = [sys.executable, __file__, "--child", "--path", str(path), "--reader", reader, "--max-memory", args.max_memory,
+                       "--n", str(args.n), "--seq-len", str(args.seq_len), "--vocab", str(args.vocab)]
+            runs[reader] = json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1])
+    float32_mib = params * 4 / 2**20
+    streamed, baseline = runs["streamed"], runs["transformers"]
     print(f"model: {params / 1e9:.2f}B parameters ({float32_mib:.0f} MiB in float32), GGUF float16 written in {written:.0f} s; "
-          f"{placement.count('disk')} of {len(placement)} device-map entries on disk")
-    print(f"limit: max_memory cpu {args.max_memory}; anonymous memory at the load's peak {load_peak:.0f} MiB ({loaded:.0f} s), "
-          f"at the fingerprint's peak {run_peak:.0f} MiB")
-    print(f"fingerprint: {fp.features.shape[0]} × {args.seq_len} tokens, {1000 * seconds / (args.n * args.seq_len):.0f} ms/token, "
-          f"features finite: {bool(torch.isfinite(fp.features).all())}")
-    print(f"fingerprint peak / float32 size: {run_peak / float32_mib:.2f}; load peak / float32 size: {load_peak / float32_mib:.2f}")
+          f"{streamed['on_disk']} of {streamed['entries']} device-map entries on disk; limit: max_memory cpu {args.max_memory}")
+    for name, run in (("read one tensor at a time (lens_bias)", streamed), ("read whole (transformers' GGUF loader)", baseline)):
+        print(f"{name}: anonymous memory at the load's peak {run['load_peak_mib']:.0f} MiB ({run['load_s']:.0f} s), at the "
+              f"fingerprint's peak {run['run_peak_mib']:.0f} MiB; {run['ms_per_token']:.0f} ms/token; features finite: {run['finite']}")
+    print(f"load peak, one tensor at a time / whole: {streamed['load_peak_mib'] / baseline['load_peak_mib']:.2f}; "
+          f"against the float32 size: {streamed['load_peak_mib'] / float32_mib:.2f}")
+    print(f"fingerprint peak / float32 size: {streamed['run_peak_mib'] / float32_mib:.2f}")
 
 
 if __name__ == "__main__":

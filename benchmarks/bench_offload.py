@@ -2,7 +2,8 @@
 and the peak of loading a GGUF in bfloat16 against loading it in float32.
 
 The offload comparison reads the model from a Hugging Face folder (safetensors, written first from the GGUF), which
-accelerate loads tensor by tensor; the GGUF loader of transformers dequantises every tensor before placing any.
+accelerate loads tensor by tensor. The GGUF file itself is loaded offloaded too, one tensor at a time
+(``lens_bias.models.gguf_offload``), against loading it whole into memory.
 
 Each measurement runs in a process of its own and reports the peak of its anonymous resident memory (sampled
 every 5 ms) above the value after its imports: what loading and running add and cannot give back to the page
@@ -127,6 +128,7 @@ def main(argv: list[str] | None = None) -> None:
         args.model, args.n = gguf, 0
         load32 = measure(args)
         load16 = measure(args, "--dtype", "bfloat16")
+        load_offloaded = measure(args, "--offload")
     for name, m in (("in memory", memory), (f"offloaded to disk (max_memory cpu {args.max_memory})", offloaded)):
         print(f"{name}: anonymous memory at the load's peak {m['load_peak_mib']:.0f} MiB, {m['after_load_mib']:.0f} MiB held after "
               f"loading, {m['run_peak_mib']:.0f} MiB at the fingerprint's peak (all resident memory, mapped files included: "
@@ -141,6 +143,8 @@ def main(argv: list[str] | None = None) -> None:
     with_copy = 1.5 * load16["float32_mib"]  # the bfloat16 model beside a float32 copy of it
     print(f"GGUF bfloat16 load peak / (bfloat16 model + a float32 copy): {load16['load_peak_mib'] / with_copy:.2f} "
           f"(target < 1: no float32 copy of the whole model at the peak; {load16['load_peak_mib']:.0f} / {with_copy:.0f} MiB)")
+    print(f"GGUF load peak offloaded (read one tensor at a time) / in memory, float32: "
+          f"{load_offloaded['load_peak_mib'] / load32['load_peak_mib']:.2f} ({load_offloaded['load_peak_mib']:.0f} / {load32['load_peak_mib']:.0f} MiB)")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,8 @@ import torch
 
 from lens_bias.core import memory, tl
 from lens_bias.core.errors import LensBiasError
+from lens_bias.core.offload import is_offloaded
+from lens_bias.models.gguf_offload import load_gguf_offloaded
 from lens_bias.models.init import mark, resolve_backend
 
 __all__ = ["pretrained", "from_hf", "load_hf", "shipped_gguf", "SHIPPED"]
@@ -132,7 +134,9 @@ def load_hf(
         device_map: accelerate's placement of the layers ("auto", or ``{module name: device}`` with "cpu" and
             "disk" allowed); "auto" when ``max_memory`` or ``offload_folder`` is given.
         max_memory: the most each device may hold, e.g. ``{"cpu": "200MB"}`` or ``{0: "20GiB", "cpu": "60GiB"}``.
-        offload_folder: where layers placed on "disk" are written.
+        offload_folder: where layers placed on "disk" are written. A GGUF file loaded with a device map is read
+            one tensor at a time (:func:`~lens_bias.models.gguf_offload.load_gguf_offloaded`), so it never needs
+            memory for the whole model.
 
     Returns:
         ``(hf_model, tokenizer)``.
@@ -160,7 +164,10 @@ def load_hf(
         if not _hub_reachable():  # look in the cache only, instead of retrying the network for half a minute
             kwargs["local_files_only"] = True
     try:
-        hf = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager", dtype=dtype, **kwargs)
+        if "gguf_file" in kwargs and "device_map" in kwargs:  # transformers would read the whole file before placing a layer
+            hf = load_gguf_offloaded(path, dtype=dtype, device_map=kwargs["device_map"], max_memory=max_memory, offload_folder=offload_folder)
+        else:
+            hf = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager", dtype=dtype, **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(folder, **{k: v for k, v in kwargs.items() if k in ("gguf_file", "local_files_only")})
     except OSError as err:
         raise LensBiasError(
@@ -244,6 +251,11 @@ def from_hf(hf_model: Any, tokenizer: Any = None, *, backend: str = "auto", mode
     """
     architecture = (getattr(hf_model.config, "architectures", None) or [type(hf_model).__name__])[0]
     if resolve_backend(backend) == "hooked":
+        if is_offloaded(hf_model):  # its weights on disk are not there to convert
+            raise LensBiasError(
+                "this Hugging Face model keeps layers offloaded (device_map to disk or CPU), which a HookedTransformer cannot run: "
+                "install transformer-lens 4.x for a TransformerBridge, or load it without offloading"
+            )
         model = _hooked_from_hf(hf_model, architecture, tokenizer, model_name)
     else:
         from transformer_lens.model_bridge.sources._bridge_builder import (

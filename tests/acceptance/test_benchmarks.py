@@ -1,11 +1,14 @@
 """The benchmark scripts run (tiny sizes, through run_all.py) and report every ratio; timings are not asserted."""
 
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
 
-from ..conftest import BACKEND
+import pytest
+
+from ..conftest import BACKEND, requires_tl4
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
@@ -27,3 +30,14 @@ def test_run_all_prints_one_row_per_figure():
         assert ratios.pop("extraction / HF inner forward") == "n/a"
     for name, ratio in ratios.items():
         assert math.isfinite(float(ratio)) and float(ratio) > 0, f"{name}: {ratio}"
+
+
+@pytest.mark.slow
+@requires_tl4  # an offloaded model runs only under a bridge
+def test_the_gguf_at_size_benchmark_runs_at_a_tiny_size():
+    lines = run("bench_gguf_1b.py", "--d-model", "64", "--layers", "2", "--d-mlp", "128", "--vocab", "300", "--max-memory", "100KB",
+                "--n", "2", "--seq-len", "8")
+    assert "1 of 1 device-map entries on disk" in lines[0]  # 100 KB holds no module: everything is read back from disk
+    assert sum("features finite: True" in line for line in lines) == 2
+    ratio = re.search(r"one tensor at a time / whole: ([0-9.]+)", "\n".join(lines))
+    assert ratio and float(ratio.group(1)) > 0

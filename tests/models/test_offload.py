@@ -61,6 +61,18 @@ def test_tl3_refuses_offload_in_one_line():
     assert "\n" not in str(refusal.value)
 
 
+@pytest.mark.skipif(tl.tl_major() >= 4, reason="the TL 3 refusal")
+def test_tl3_refuses_wrapping_an_offloaded_hf_model_in_one_line(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    _tiny_hf_folder(tmp_path / "hf")
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", attn_implementation="eager", device_map="auto", max_memory={"cpu": "200KB"},
+                                              offload_folder=str(tmp_path / "offload"))
+    with pytest.raises(LensBiasError, match="HookedTransformer cannot run") as refusal:
+        from_hf(hf)
+    assert "\n" not in str(refusal.value)
+
+
 @requires_tl4
 def test_a_device_and_a_device_map_are_refused_together():
     with pytest.raises(LensBiasError, match="not both"):
