@@ -173,19 +173,20 @@ def _run_experiment(argv: list[str]) -> str:
 
     out, err = io.StringIO(), io.StringIO()
     previous = signal.signal(signal.SIGALRM, out_of_time)
-    signal.alarm(SECONDS)
+    signal.setitimer(signal.ITIMER_REAL, SECONDS, 1.0)  # then every second: a stop lost in a __del__ is sent again
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
                 mock.patch.object(memory, "available_bytes", lambda device=None: 64 * 2**20), mock.patch.object(tqdm.std.tqdm, "__init__", init):
             try:
                 code = main(argv)
             except _OutOfTime:
+                signal.setitimer(signal.ITIMER_REAL, 0)
                 assert bars, f"{argv} ran {SECONDS} s without a progress bar of known total"
                 return "bar"
             except SystemExit as exit_:  # argparse: a value it cannot parse
                 code = exit_.code
     finally:
-        signal.alarm(0)
+        signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
     assert code in (0, 1, 2), (argv, err.getvalue()[-2000:])
     if code == 2:
