@@ -191,8 +191,9 @@ def pretrained(
 
     A model bigger than memory loads with Hugging Face's big-model inference: ``max_memory={"cpu": "2GiB"},
     offload_folder="offload"`` keeps what does not fit on disk and brings each layer in for its forward (TL 4
-    bridges only; :mod:`lens_bias.core.offload`). Across GPUs, ``device_map="auto"`` with
-    ``max_memory={0: "40GiB", 1: "40GiB"}`` is the same path.
+    bridges; :mod:`lens_bias.core.offload`). Across GPUs, ``device_map="auto"`` with
+    ``max_memory={0: "40GiB", 1: "40GiB"}`` is the same path. On TL 3, a HookedTransformer has only that last form:
+    ``max_memory`` naming GPUs alone splits its layers evenly over them (``n_devices``); any other map is refused.
 
     >>> model = pretrained("smollm2-135m-instruct")  # doctest: +SKIP
     >>> model.cfg.n_layers, model.tokenizer.decode(model.tokenizer("Paris").input_ids)  # doctest: +SKIP
@@ -212,17 +213,18 @@ def pretrained(
         The model, in eval mode; ``model.lens_bias_source`` records what it was loaded from.
     """
     offloading = device_map is not None or max_memory is not None or offload_folder is not None
-    if offloading and resolve_backend(backend) == "hooked":
-        raise LensBiasError(
-            "offloading layers (device_map / max_memory / offload_folder) needs a TransformerBridge: install transformer-lens 4.x; "
-            "on TL 3 a HookedTransformer can only spread its layers over GPUs (HookedTransformerConfig n_devices)"
-        )
     if offloading and device is not None:
         raise LensBiasError("pass device= or a device map (device_map / max_memory / offload_folder), not both: the map places every layer")
+    name = Path(str(name_or_path)).name
+    if offloading and resolve_backend(backend) == "hooked":  # TL 3: the model's own split over GPUs, or nothing
+        first, n_devices = _hooked_gpu_split(device_map, max_memory, offload_folder)
+        hf, tokenizer = load_hf(name_or_path, dtype=dtype or torch.float32)
+        model = _hooked_from_hf(hf, (hf.config.architectures or [type(hf).__name__])[0], tokenizer, name, gpus=(first, n_devices))
+        return mark(model.eval(), regime="trained", source=str(name_or_path))
     if offloading:
         memory.return_freed_memory()
     hf, tokenizer = load_hf(name_or_path, dtype=dtype or torch.float32, device_map=device_map, max_memory=max_memory, offload_folder=offload_folder)
-    model = from_hf(hf, tokenizer, backend=backend, model_name=Path(str(name_or_path)).name)
+    model = from_hf(hf, tokenizer, backend=backend, model_name=name)
     if device is not None and torch.device(device) != torch.device("cpu"):
         model = tl.move(model, device)
     return mark(model, regime="trained", source=str(name_or_path))
@@ -273,7 +275,28 @@ def from_hf(hf_model: Any, tokenizer: Any = None, *, backend: str = "auto", mode
     return mark(model.eval(), regime="trained")
 
 
-def _hooked_from_hf(hf: Any, architecture: str, tokenizer: Any, model_name: str) -> Any:
+def _hooked_gpu_split(device_map: Any, max_memory: Any, offload_folder: Any) -> tuple[int, int]:
+    """(first GPU, n_devices) for a HookedTransformer split over GPUs, the one placement TL 3 has; a one-line
+    refusal for any other map. TL 3 gives each GPU an equal share of the layers, so ``max_memory``'s amounts are
+    not used, only which GPUs it names."""
+    refuse = ("on TL 3 a HookedTransformer cannot offload layers to CPU or disk (device_map / max_memory / offload_folder need "
+              "a TransformerBridge: install transformer-lens 4.x); it can only split them over GPUs (n_devices), which ")
+    if offload_folder is not None or isinstance(device_map, dict) or (device_map is not None and device_map not in ("auto", "balanced", "sequential")):
+        raise LensBiasError(refuse + 'it does with max_memory={0: "40GiB", 1: "40GiB"} alone')
+    if max_memory is None:
+        gpus = list(range(torch.cuda.device_count()))
+    elif all(isinstance(k, int) and not isinstance(k, bool) for k in max_memory):
+        gpus = sorted(max_memory)
+    else:
+        raise LensBiasError(refuse + f"takes GPU indices as max_memory keys, not {sorted(map(str, max_memory))}")
+    if not gpus or gpus != list(range(gpus[0], gpus[0] + len(gpus))):
+        raise LensBiasError(refuse + f"needs consecutive GPUs; this names {gpus or 'none'}")
+    if gpus[-1] >= torch.cuda.device_count():
+        raise LensBiasError(refuse + f"needs GPU {gpus[-1]}; {torch.cuda.device_count()} CUDA devices are visible")
+    return gpus[0], len(gpus)
+
+
+def _hooked_from_hf(hf: Any, architecture: str, tokenizer: Any, model_name: str, gpus: tuple[int, int] | None = None) -> Any:
     if architecture not in _HOOKED_ARCHITECTURES:
         raise LensBiasError(
             f"on TransformerLens 3.x lens_bias converts only {_HOOKED_ARCHITECTURES} models, not {architecture!r}; "
@@ -306,7 +329,8 @@ def _hooked_from_hf(hf: Any, architecture: str, tokenizer: Any, model_name: str)
         original_architecture=architecture,
         model_name=model_name,
         init_weights=False,
-        device="cpu",
+        device="cpu" if gpus is None else f"cuda:{gpus[0]}",
+        n_devices=1 if gpus is None else gpus[1],  # consecutive GPUs from the first, n_layers // n_devices layers each
         dtype=hf.dtype,
         default_prepend_bos=False,
     )

@@ -55,10 +55,28 @@ def test_an_offloaded_bridge_reads_weights_and_runs_like_the_model_in_memory(tmp
 
 
 @pytest.mark.skipif(tl.tl_major() >= 4, reason="the TL 3 refusal")
-def test_tl3_refuses_offload_in_one_line():
-    with pytest.raises(LensBiasError, match="needs a TransformerBridge.*n_devices") as refusal:
-        lens_bias.models.pretrained("smollm2-135m-instruct", max_memory=SMALL_MEMORY)
+@pytest.mark.parametrize("options, reason", [
+    ({"max_memory": SMALL_MEMORY}, "takes GPU indices as max_memory keys, not \\['cpu'\\]"),
+    ({"max_memory": {0: "1GB", "disk": "1GB"}}, "takes GPU indices"),
+    ({"offload_folder": "offload"}, "with max_memory=.* alone"),
+    ({"device_map": {"": "cpu"}}, "with max_memory=.* alone"),
+    ({"max_memory": {0: "1GB", 2: "1GB"}}, "needs consecutive GPUs; this names \\[0, 2\\]"),
+    ({"max_memory": {torch.cuda.device_count(): "1GB"}}, "CUDA devices are visible"),
+], ids=["cpu", "disk", "folder", "dict", "gap", "absent"])
+def test_tl3_refuses_every_map_but_a_gpu_split_in_one_line(options, reason):
+    with pytest.raises(LensBiasError, match=f"TransformerBridge.*n_devices.*{reason}") as refusal:
+        lens_bias.models.pretrained("smollm2-135m-instruct", **options)  # refused before anything is loaded
     assert "\n" not in str(refusal.value)
+
+
+@pytest.mark.skipif(tl.tl_major() >= 4 or not torch.cuda.is_available(), reason="a TL 3 split over GPUs")
+def test_tl3_splits_a_hooked_transformer_over_the_gpus_max_memory_names(smollm2):
+    gpus = torch.cuda.device_count()
+    model = lens_bias.models.pretrained("smollm2-135m-instruct", max_memory={i: "40GiB" for i in range(gpus)})
+    assert model.cfg.n_devices == gpus and {p.device.type for p in model.parameters()} == {"cuda"}
+    tokens = text_tokens(smollm2.tokenizer, 2, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens).cpu(), smollm2(tokens), atol=1e-3, rtol=1e-3)
 
 
 @pytest.mark.skipif(tl.tl_major() >= 4, reason="the TL 3 refusal")
