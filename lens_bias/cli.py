@@ -35,6 +35,44 @@ _ALL_POS = sorted({p for family in ARCHITECTURES.values() for p in family.positi
 _SPEC_DEFAULTS = {f.name: f.default for f in fields(ModelSpec)}
 
 
+def _memory_map(text: str) -> dict[Any, int]:
+    """``--max-memory``: "2GiB" (the CPU's share) or "0=40GiB,1=40GiB,cpu=100GiB" (accelerate's max_memory)."""
+    from accelerate.utils import convert_file_size_to_int
+
+    out: dict[Any, int] = {}
+    for part in text.split(","):
+        key, _, amount = part.rpartition("=")
+        key, amount = key.strip() or "cpu", amount.strip()
+        if not (key.isdigit() or key in ("cpu", "mps")):
+            raise argparse.ArgumentTypeError(f"{key!r} is not a device: use a GPU index, cpu or mps, as in 0=40GiB,cpu=100GiB")
+        digits = amount.removesuffix("B")
+        try:
+            size = int(digits) if digits.isdigit() else convert_file_size_to_int(amount)
+        except (ValueError, TypeError):
+            size = 0
+        if size <= 0:
+            raise argparse.ArgumentTypeError(f"{amount!r} is not a size above 0 such as 2GiB, 150MB or 4096 (bytes)")
+        out[int(key) if key.isdigit() else key] = size
+    return out
+
+
+def _add_placement(group: Any) -> None:
+    """--max-memory / --offload-folder: a pretrained model bigger than memory (accelerate's big-model inference)."""
+    group.add_argument("--max-memory", type=_memory_map, default=None, metavar="SIZE",
+                       help="load a pretrained --model with at most this much in memory, e.g. 2GiB (CPU) or 0=40GiB,1=40GiB; "
+                       "the layers that do not fit go to --offload-folder (TransformerLens 4)")
+    group.add_argument("--offload-folder", default=None, metavar="DIR", help="where the layers --max-memory leaves out are written")
+
+
+def _load(args: argparse.Namespace, device: Any) -> Any:
+    """``args.model`` on ``device``, or placed by --max-memory / --offload-folder (which decide every layer's device)."""
+    if args.max_memory is None and args.offload_folder is None:
+        return load_model(args.model, device=device, dtype=_DTYPES[args.dtype])
+    if torch.device(device).type != "cpu":
+        raise LensBiasError(f"--device {device} and --max-memory / --offload-folder cannot go together: the map places every layer")
+    return load_model(args.model, dtype=_DTYPES[args.dtype], max_memory=args.max_memory, offload_folder=args.offload_folder)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lens-bias", description="What randomly initialised transformers are born with (TransformerLens)."
@@ -73,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--backend", choices=["auto", "bridge", "hooked"], default="auto", help="TL model class")
     m.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
     m.add_argument("--dtype", choices=sorted(_DTYPES), default="float32", help="model dtype")
+    _add_placement(m)
     r = a.add_argument_group("inputs and output")
     r.add_argument("--inputs", choices=["tokens", "text", "embeddings"], default="tokens", help="random token IDs, held-out text (needs a model with a tokenizer) or Gaussian embeddings")
     r.add_argument("--n-sequences", type=int, default=256, help="random sequences")
@@ -103,6 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--batch-size", type=int, default=None, help="sequences per forward pass")
     f.add_argument("--device", default="cpu", help="torch device")
     f.add_argument("--dtype", choices=sorted(_DTYPES), default="float32", help="model dtype")
+    _add_placement(f)
     f.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     f.add_argument("--distributed", action="store_true", help="under torchrun: shard the inputs across ranks, rank 0 saves")
 
@@ -183,7 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _analyze(args: argparse.Namespace) -> str:
     if args.model is not None:
-        model = load_model(args.model, device=args.device, dtype=_DTYPES[args.dtype])
+        model = _load(args, args.device)
+    elif args.max_memory is not None or args.offload_folder is not None:
+        raise LensBiasError("--max-memory / --offload-folder place a pretrained --model; a random init is built whole")
     else:
         model = _random_model(args)
     report = analyze(
@@ -218,7 +260,7 @@ def _fingerprint(args: argparse.Namespace) -> str:
     device = args.device
     if args.distributed and device == "cuda":  # one GPU per rank
         device = f"cuda:{os.environ.get('LOCAL_RANK', 0)}"
-    model = load_model(args.model, device=device, dtype=_DTYPES[args.dtype])
+    model = _load(args, device)
     seq_len = args.seq_len if args.seq_len is not None else min(1024, int(model.cfg.n_ctx))
     fp = seedprint.fingerprint(
         model, inputs=args.inputs, n=args.n, seq_len=seq_len, seed=args.input_seed, vocab=args.vocab,

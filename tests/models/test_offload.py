@@ -130,3 +130,41 @@ def test_smollm2_offloaded_to_disk_gives_the_same_numbers(smollm2, offloaded_smo
     assert left.condition.tolist() == right.condition.tolist()
     torch.testing.assert_close(torch.tensor(right.sink_0.to_numpy()), torch.tensor(left.sink_0.to_numpy()), atol=1e-4, rtol=0)
     torch.testing.assert_close(torch.tensor(right.perplexity.to_numpy()), torch.tensor(left.perplexity.to_numpy()), rtol=1e-4, atol=0)
+
+
+# ---- the command line -----------------------------------------------------------------------------------------
+
+
+@requires_tl4
+@pytest.mark.parametrize("size", ["1B", "150MB", f"{10**12}B"])  # everything on disk; most of it; nothing
+def test_the_command_line_fingerprints_smollm2_at_any_max_memory(smollm2, size, tmp_path, monkeypatch, capsys):
+    from lens_bias.cli import main
+    from lens_bias.seedprint import Fingerprint
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["fingerprint", "smollm2-135m-instruct", "-o", "fp.pt", "--n", "4", "--seq-len", "8", "--max-memory", size,
+                 "--offload-folder", "offload", "--no-progress"]) == 0, capsys.readouterr().err
+    expected = lens_bias.seedprint.fingerprint(smollm2, n=4, seq_len=8, progress=False)
+    torch.testing.assert_close(Fingerprint.load("fp.pt").features, expected.features, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["analyze", "--max-memory", "0"], "'0' is not a size above 0"),
+    (["analyze", "--max-memory", "lots"], "'lots' is not a size above 0"),
+    (["analyze", "--max-memory", "gpu=1GB"], "'gpu' is not a device"),
+    (["analyze", "--max-memory", "1GB"], "place a pretrained --model; a random init is built whole"),
+    (["fingerprint", "llama:d=16,L=1,H=2,V=50", "-o", "fp.pt", "--offload-folder", "off"], "is a random-init model, which loads whole"),
+    (["fingerprint", "smollm2-135m-instruct", "-o", "fp.pt", "--max-memory", "1GB", "--device", "cuda"],
+     "cannot go together" if torch.cuda.is_available() else "CUDA is not available"),
+], ids=["zero", "words", "device", "random-init", "spec", "device-and-map"])
+def test_bad_placement_flags_are_refused_in_one_line(argv, says, capsys, tmp_path, monkeypatch):
+    from lens_bias.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    try:
+        code = main(argv)
+    except SystemExit as exit_:  # argparse: a value it cannot parse
+        code = exit_.code
+    err = capsys.readouterr().err.strip()
+    line = err.splitlines()[-1]  # argparse prints its usage above
+    assert code == 2 and says in line and line.startswith(f"lens-bias {argv[0]}: error: ") and "Traceback" not in err, err
