@@ -11,7 +11,6 @@ The peak of loading is what stays in memory plus one tensor in float32; the weig
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any, Union
 
@@ -21,8 +20,6 @@ from tqdm.auto import tqdm
 from lens_bias.core.errors import LensBiasError
 
 __all__ = ["load_gguf_offloaded"]
-
-logger = logging.getLogger(__name__)
 
 
 def load_gguf_offloaded(
@@ -36,6 +33,7 @@ def load_gguf_offloaded(
 ) -> Any:
     """The Hugging Face causal LM in the GGUF file ``path``, placed by accelerate, read one tensor at a time.
 
+    >>> from lens_bias.models import shipped_gguf
     >>> hf = load_gguf_offloaded(shipped_gguf(), max_memory={"cpu": "150MB"}, offload_folder="offload")  # doctest: +SKIP
     >>> sorted(set(hf.hf_device_map.values()))  # doctest: +SKIP
     ['cpu', 'disk']
@@ -54,8 +52,8 @@ def load_gguf_offloaded(
     import numpy as np
     from accelerate import dispatch_model, init_empty_weights
     from accelerate.utils import find_tied_parameters, set_module_tensor_to_device
-    from safetensors.torch import save_file
     from gguf import GGUFReader, dequantize
+    from safetensors.torch import save_file
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
 
@@ -67,7 +65,7 @@ def load_gguf_offloaded(
     device_map = _placement(hf, device_map, max_memory)
     disk = [name for name, device in device_map.items() if device == "disk"]
     if disk and offload_folder is None:
-        raise LensBiasError(f"max_memory leaves {len(disk)} modules for disk: pass offload_folder= (a folder for their weights)")
+        raise LensBiasError(f"the device map puts {len(disk)} modules on disk: pass offload_folder= (a folder for their weights)")
     if offload_folder is not None:
         Path(offload_folder).mkdir(parents=True, exist_ok=True)
     # A weight on disk is read back under its own name, so each name of a tied group gets its own copy there.
@@ -99,7 +97,7 @@ def load_gguf_offloaded(
         result = processor.process(weights=dequantize(tensor.data, tensor.tensor_type), name=tensor.name,
                                    tensor_key_mapping=names, parsed_parameters=parsed)
         if result.name in names:
-            place(names[result.name], torch.from_numpy(np.require(result.weights, requirements='W')))  # copies only a read-only map
+            place(names[result.name], torch.from_numpy(np.require(result.weights, requirements="W")))  # copies only a read-only map
     for name, value in parsed.pop("tensors").items():
         place(name, value)
     del reader

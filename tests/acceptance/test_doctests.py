@@ -16,7 +16,7 @@ MODULES = sorted(
     {
         info.name
         for package in (lens_bias, lens_bias.analyses, lens_bias.experiments, lens_bias.hooks, lens_bias.seedprint)
-        for info in pkgutil.iter_modules(package.__path__, package.__name__ + ".")
+        for info in pkgutil.walk_packages(package.__path__, package.__name__ + ".")  # sub-packages' modules too
         if info.name != "lens_bias.__main__"
     }
     | {"lens_bias"}
