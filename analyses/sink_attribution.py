@@ -78,11 +78,11 @@ def _mean_state_probe(hook: str) -> Probe:
     return Probe(hook, "sum_after_first", fn, combine="sum")
 
 
-def _mean_states(model: Any, calibration: Tensor, batch_size: int | None) -> Float[Tensor, "layer d_model"]:
+def _mean_states(model: Any, calibration: Tensor, batch_size: int | None, progress: bool) -> Float[Tensor, "layer d_model"]:
     """Each block output's mean state over the calibration sequences and their positions ≥ 1."""
     adapter = ModelAdapter(model)
     probes = [_mean_state_probe(f"blocks.{layer}.hook_resid_post") for layer in range(adapter.info.n_layers)]
-    kept = adapter.collect(calibration, probes, batch_size=batch_size, progress=False, desc="calibration means")
+    kept = adapter.collect(calibration, probes, batch_size=batch_size, progress=progress, desc="calibration means")
     count = calibration.shape[0] * (calibration.shape[1] - 1)
     return torch.stack([kept[p.key] / count for p in probes]).float()
 
@@ -95,7 +95,7 @@ def _at_every_block(n_layers: int, dims: Sequence[int], values: Tensor) -> Compo
 
 def anatomy_conditions(
     model: Any, calibration: Int[Tensor, "n seq"], *, n_candidates: int = 2, n_random: int = 100, position: int = 8, factor: float = 8.0,
-    seed: int = 0, batch_size: int | None = None,
+    seed: int = 0, batch_size: int | None = None, progress: bool = False,
 ) -> list[Condition]:
     """The default conditions of :func:`sink_attribution`, from the model's anatomy on ``calibration`` sequences.
 
@@ -108,6 +108,7 @@ def anatomy_conditions(
         factor: λ of AmplifyVariance.
         seed: seed of the random control.
         batch_size: sequences per forward pass.
+        progress: progress bars over the two calibration passes.
 
     Returns:
         The conditions, "unedited" first.
@@ -117,12 +118,13 @@ def anatomy_conditions(
         raise LensBiasError("sink_attribution's default conditions edit MLP down-projections; this model is attention-only: pass conditions=")
     if position >= calibration.shape[1]:
         raise LensBiasError(f"position {position} lies outside sequences of {calibration.shape[1]} tokens; pass position < {calibration.shape[1]}")
-    found = measure(model, calibration, [SuperWeights(top=n_candidates), MassiveActivations(), SuperNeurons()], batch_size=batch_size)
+    found = measure(model, calibration, [SuperWeights(top=n_candidates), MassiveActivations(), SuperNeurons()], batch_size=batch_size,
+                    progress=progress)
     weights, massive, neurons = found["super_weights"], found["massive_activations"], found["super_neurons"]
     onset = massive.onset_layer()  # type: ignore[attr-defined]
     dims = massive.dims(onset, positions=(0,)) if onset is not None else []  # type: ignore[attr-defined]
     dims = dims or [neurons.massive_dim]  # type: ignore[attr-defined]  # no massive activation by Sun's rule: the largest dim
-    means = _mean_states(model, calibration, batch_size)
+    means = _mean_states(model, calibration, batch_size, progress)
     layer, row, col = weights.coordinates()[0]  # type: ignore[attr-defined]
     d_model, d_mlp = info.d_model, int(info.d_mlp)
     generator = torch.Generator().manual_seed(seed)
@@ -311,7 +313,7 @@ def sink_attribution(
         factor: as in :func:`anatomy_conditions`.
         seed: as in :func:`anatomy_conditions`.
         batch_size: sequences per forward pass.
-        progress: a progress bar over the conditions.
+        progress: progress bars over the calibration passes and over the conditions.
 
     Returns:
         A :class:`SinkAttributionResult`; ``to_pandas()`` is the table, ``chain()`` the verdict per link.
@@ -324,11 +326,12 @@ def sink_attribution(
         raise LensBiasError(f"sink_attribution needs at least 2 measured and 1 calibration sequence, got {tokens.shape[0]} and {calibration.shape[0]}")
     check_later_position(position, tokens.shape[1])
     chosen = _condition_list(conditions) if conditions is not None else anatomy_conditions(
-        model, calibration, n_candidates=n_candidates, n_random=n_random, position=position, factor=factor, seed=seed, batch_size=batch_size)
+        model, calibration, n_candidates=n_candidates, n_random=n_random, position=position, factor=factor, seed=seed, batch_size=batch_size,
+        progress=progress)
     records = [edit_records(c.interventions) for c in chosen]  # before the passes: an edit that cannot be recorded fails now
     adapter = ModelAdapter(model)
     n_layers = adapter.info.n_layers
-    dims = _massive_dims(chosen, model, calibration, batch_size)
+    dims = _massive_dims(chosen, model, calibration, batch_size, progress)
     sinks = Sinks(eps=eps, per_sequence=True)  # paired tests between conditions read α of every sequence
     spec = InputSpec(kind="tokens", n=tokens.shape[0], seq_len=tokens.shape[1], seed=None)
     extra = {("massive", layer): Probe(f"blocks.{layer}.hook_resid_post", f"abs@0x{dims}", lambda x: x[:, 0, dims].float().abs().max(dim=-1).values)
@@ -364,7 +367,7 @@ def sink_attribution(
     )
 
 
-def _massive_dims(conditions: Sequence[Condition], model: Any, calibration: Tensor, batch_size: int | None) -> list[int]:
+def _massive_dims(conditions: Sequence[Condition], model: Any, calibration: Tensor, batch_size: int | None, progress: bool) -> list[int]:
     """The dims the massive-value column reads: those the conditions set at position 0, else the model's largest."""
     for condition in conditions:
         for iv in condition.interventions:
@@ -372,5 +375,5 @@ def _massive_dims(conditions: Sequence[Condition], model: Any, calibration: Tens
             dims = list(dict.fromkeys(d for part in parts if isinstance(part, SetActivations) and part.positions == (0,) for d in part.dims))
             if 0 < len(dims) < ModelAdapter(model).info.d_model:
                 return dims  # in the order the condition set them: the largest massive dim first
-    found = measure(model, calibration, [SuperNeurons()], batch_size=batch_size)["super_neurons"]
+    found = measure(model, calibration, [SuperNeurons()], batch_size=batch_size, progress=progress)["super_neurons"]
     return [found.massive_dim]  # type: ignore[attr-defined]

@@ -206,6 +206,7 @@ def test_the_fuzzed_experiments_are_every_experiment():
 @example(field=("attribution", "tiny", "n"), value=10**12)
 @example(field=("persistence", "tiny", "n_null_trained"), value=10**12)
 @example(field=("sinks", "tiny", "position"), value=10**12)
+@example(field=("attribution", "tiny", "calibration"), value=100000)  # the calibration passes ran with no bar
 def test_every_experiment_size_field_on_a_tiny_model(field, value, tmp_path_factory):
     name, preset, key = field
     cache = str(tmp_path_factory.getbasetemp() / "cache")  # corpora and tokenizers, shared by the examples
