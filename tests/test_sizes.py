@@ -15,6 +15,7 @@ import functools
 import io
 import os
 import signal
+import time
 from unittest import mock
 
 import pytest
@@ -139,7 +140,7 @@ TINY = "llama:d=16,L=2,H=2,V=300,ctx=64"
 # model with a tokenizer (the shipped SmolLM2).
 ON_TINY = {"attribution": ["--model", TINY, "--set", "inputs=tokens"], "persistence": [], "sinks": []}
 ON_SMOLLM2 = {"descendants", "real-model"}
-SECONDS = 10  # a run still going after this long must be showing a progress bar with a known total
+SECONDS = 20  # a stage of a run that lasts this long must be showing a progress bar of known total
 
 
 class _OutOfTime(BaseException):  # not an Exception: no library handler may swallow it
@@ -158,22 +159,30 @@ def _fields(names) -> list[tuple[str, str, str]]:
 
 
 def _run_experiment(argv: list[str]) -> str:
-    """``main(argv)`` planned against 64 MiB: "result", "refused" (checked to be one line) or "bar" (still running
-    after ``SECONDS``, with a progress bar of known total showing; stopped as a user would stop it)."""
+    """``main(argv)`` planned against 64 MiB: "result", "refused" (checked to be one line) or "bar" (a progress bar of
+    known total open at a check, once a second, before ``SECONDS``: the run is stopped there, as a user would stop it).
+    A run with no bar open at any check for ``SECONDS`` fails."""
     bars = []
     original = tqdm.std.tqdm.__init__
 
     def init(self, *args, **kwargs):
         original(self, *args, **kwargs)
         if not self.disable and self.total is not None:
-            bars.append(self.total)
+            bars.append(self)
 
-    def out_of_time(signum, frame):
-        raise _OutOfTime
+    def showing() -> bool:
+        return any(not bar.disable for bar in bars)  # tqdm disables a bar when it closes
+
+    started, stopped_at_bar = time.monotonic(), []
+
+    def check(signum, frame):
+        if showing() or time.monotonic() - started >= SECONDS:
+            stopped_at_bar.append(showing())  # read now: the bar closes as the stop unwinds through its loop
+            raise _OutOfTime
 
     out, err = io.StringIO(), io.StringIO()
-    previous = signal.signal(signal.SIGALRM, out_of_time)
-    signal.setitimer(signal.ITIMER_REAL, SECONDS, 1.0)  # then every second: a stop lost in a __del__ is sent again
+    previous = signal.signal(signal.SIGALRM, check)
+    signal.setitimer(signal.ITIMER_REAL, 1.0, 1.0)
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
                 mock.patch.object(memory, "available_bytes", lambda device=None: 64 * 2**20), mock.patch.object(tqdm.std.tqdm, "__init__", init):
@@ -181,7 +190,7 @@ def _run_experiment(argv: list[str]) -> str:
                 code = main(argv)
             except _OutOfTime:
                 signal.setitimer(signal.ITIMER_REAL, 0)
-                assert bars, f"{argv} ran {SECONDS} s without a progress bar of known total"
+                assert stopped_at_bar[0], f"{argv} ran {SECONDS} s without a progress bar of known total"
                 return "bar"
             except SystemExit as exit_:  # argparse: a value it cannot parse
                 code = exit_.code
