@@ -83,9 +83,9 @@ def load_gguf_offloaded(
     index: dict[str, Any] = {}
 
     def place(name: str, value: torch.Tensor) -> None:
-        value = value.to(dtype)
-        if _device_of(name, device_map) != "disk":
-            set_module_tensor_to_device(hf, name, _device_of(name, device_map), value=value)
+        value, device = value.to(dtype), _device_of(name, device_map)
+        if device != "disk":
+            set_module_tensor_to_device(hf, name, device, value=value)
         for each in tied.get(name, [name]):
             if _device_of(each, device_map) == "disk":
                 # one safetensors file per weight, as from_pretrained writes them: read back without a copy

@@ -219,7 +219,7 @@ def pretrained(
     if offloading and resolve_backend(backend) == "hooked":  # TL 3: the model's own split over GPUs, or nothing
         first, n_devices = _hooked_gpu_split(device_map, max_memory, offload_folder)
         hf, tokenizer = load_hf(name_or_path, dtype=dtype or torch.float32)
-        model = _hooked_from_hf(hf, (hf.config.architectures or [type(hf).__name__])[0], tokenizer, name, gpus=(first, n_devices))
+        model = _hooked_from_hf(hf, _architecture(hf), tokenizer, name, gpus=(first, n_devices))
         return mark(model.eval(), regime="trained", source=str(name_or_path))
     if offloading:
         memory.return_freed_memory()
@@ -251,7 +251,7 @@ def from_hf(hf_model: Any, tokenizer: Any = None, *, backend: str = "auto", mode
     Returns:
         The TransformerLens model, in eval mode.
     """
-    architecture = (getattr(hf_model.config, "architectures", None) or [type(hf_model).__name__])[0]
+    architecture = _architecture(hf_model)
     if resolve_backend(backend) == "hooked":
         if is_offloaded(hf_model):  # its weights on disk are not there to convert
             raise LensBiasError(
@@ -273,6 +273,11 @@ def from_hf(hf_model: Any, tokenizer: Any = None, *, backend: str = "auto", mode
         if tokenizer is not None:
             model.tokenizer = tokenizer
     return mark(model.eval(), regime="trained")
+
+
+def _architecture(hf: Any) -> str:
+    """The Hugging Face architecture name, e.g. "LlamaForCausalLM" (the class name when the config has none)."""
+    return (getattr(hf.config, "architectures", None) or [type(hf).__name__])[0]
 
 
 def _hooked_gpu_split(device_map: Any, max_memory: Any, offload_folder: Any) -> tuple[int, int]:
