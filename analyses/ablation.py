@@ -10,7 +10,7 @@ forward pass through the model with its interventions attached.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence, Union
 
 import pandas as pd
@@ -29,9 +29,9 @@ from lens_bias.hooks import (
     SwapActivation,
     UniformAttention,
 )
-from lens_bias.hooks.base import edit_records
+from lens_bias.hooks.base import edit_records, refusal
 
-__all__ = ["ablate", "AblationResult", "CONDITIONS", "MLP_CONDITIONS"]
+__all__ = ["ablate", "AblationResult", "CONDITIONS"]
 
 # Condition name -> the interventions that define it ("base" is the unedited model).
 CONDITIONS: dict[str, tuple[Intervention, ...]] = {
@@ -46,8 +46,6 @@ CONDITIONS: dict[str, tuple[Intervention, ...]] = {
     "act=tanh": (SwapActivation("tanh"),),
     "act=identity": (SwapActivation("identity"),),
 }
-# Conditions that edit MLPs: skipped for attention-only models.
-MLP_CONDITIONS = frozenset(name for name, ivs in CONDITIONS.items() if any(isinstance(iv, (OddActivation, SwapActivation)) for iv in ivs))
 
 
 @dataclass
@@ -56,6 +54,8 @@ class AblationResult(Result):
 
     table: pd.DataFrame  # tidy: condition, layer, hook, inter, intra, max_min_ratio, entropy_ratio
     conditions: dict[str, list[dict[str, Any]]]  # condition -> its interventions, as Intervention.to_dict()
+    # default conditions left out because they cannot act on this model -> why, in one line
+    skipped: dict[str, str] = field(default_factory=dict)
 
     heading = "Ablations"
     plot_caption = "ablations per layer"
@@ -76,7 +76,8 @@ class AblationResult(Result):
 
     def summary(self) -> str:
         text = self.final().to_string(float_format=lambda v: f"{v:.3f}")
-        return "ablations (same inputs; values after the final norm):\n" + "\n".join("  " + line for line in text.splitlines())
+        skipped = "".join(f"\n  skipped {name}: {why}" for name, why in self.skipped.items())
+        return "ablations (same inputs; values after the final norm):\n" + "\n".join("  " + line for line in text.splitlines()) + skipped
 
 
 def ablate(
@@ -100,7 +101,8 @@ def ablate(
 
     Args:
         model: any TransformerLens model; interventions are attached only for each pass.
-        conditions: names from ``CONDITIONS`` (default: all that apply), or ``{name: [interventions]}``.
+        conditions: names from ``CONDITIONS`` (default: all that can act on the model; the others are listed in
+            ``skipped`` with the reason), or ``{name: [interventions]}``.
         inputs: as in :func:`lens_bias.analyze`.
         n_sequences: as in :func:`lens_bias.analyze`.
         seq_len: as in :func:`lens_bias.analyze`.
@@ -112,8 +114,10 @@ def ablate(
         An :class:`AblationResult` with one tidy table.
     """
     adapter = ModelAdapter(model)
+    skipped: dict[str, str] = {}
     if conditions is None:
-        chosen = {k: v for k, v in CONDITIONS.items() if not (adapter.info.attn_only and k in MLP_CONDITIONS)}
+        skipped = {k: why for k, v in CONDITIONS.items() if (why := refusal(model, v)) is not None}
+        chosen = {k: v for k, v in CONDITIONS.items() if k not in skipped}
     elif isinstance(conditions, dict):
         chosen = {k: tuple(v) for k, v in conditions.items()}
     else:
@@ -134,4 +138,4 @@ def ablate(
         frame["entropy_ratio"] = results["token_preference"].entropy_ratio
         frames.append(frame)
     table = pd.concat(frames, ignore_index=True)
-    return AblationResult(table=table, conditions=records)
+    return AblationResult(table=table, conditions=records, skipped=skipped)

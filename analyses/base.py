@@ -112,6 +112,22 @@ class Analysis:
         """Whether this model has what the analysis reads (``analyze`` leaves the others out by default)."""
         return True
 
+    def unavailable(self, adapter: ModelAdapter) -> str | None:
+        """Why this analysis cannot run on the model, in one line; ``None`` when it can. ``analyze`` skips such a
+        section by default and lists the reason (``BiasReport.skipped``); asked for by name, it is refused with it."""
+        if not self.applies_to(adapter.info):
+            kind = "attention-only " if adapter.info.attn_only else ""
+            return f"{self.name} does not apply to this {kind}{adapter.info.architecture or adapter.info.family} model"
+        try:
+            hooks = sorted({p.hook for p in self.probes(adapter).values()})
+        except LensBiasError as err:
+            return str(err)
+        missing = [h for h in hooks if not adapter.has_hook(h)]
+        if missing:
+            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+            return f"{self.name} reads {missing[0]}{more}, which this {adapter.info.architecture or adapter.info.family} model does not have"
+        return None
+
     def probes(self, adapter: ModelAdapter) -> Mapping[Hashable, Probe]:
         """The hook reads this analysis needs, by names of its own choosing (e.g. ``("alpha", layer)``)."""
         raise NotImplementedError
@@ -138,10 +154,10 @@ def run_analyses(
     """
     if spec.n != inputs.shape[0]:  # sums over sequences are divided by spec.n
         raise LensBiasError(f"the input spec says {spec.n} sequences but the inputs hold {inputs.shape[0]}; describe the inputs passed")
-    refused = [a.name for a in analyses if not a.applies_to(adapter.info)]
-    if refused:
-        kind = "attention-only " if adapter.info.attn_only else ""
-        raise LensBiasError(f"section(s) {refused} do not apply to this {kind}{adapter.info.architecture or adapter.info.family} model; leave them out")
+    for analysis in analyses:
+        reason = analysis.unavailable(adapter)
+        if reason is not None:
+            raise LensBiasError(f"section {analysis.name} cannot run on this model: {reason}; leave it out")
     wanted = [a.probes(adapter) for a in analyses]
     hooks = edit_hooks(adapter.model, interventions)
     kept = adapter.collect(inputs, [p for probes in wanted for p in probes.values()], batch_size=batch_size, hooks=hooks, progress=progress)

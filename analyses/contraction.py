@@ -22,7 +22,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from lens_bias.analyses.base import Analysis, Result
-from lens_bias.core.adapter import READOUT, ModelAdapter, Probe, last_unit_sum
+from lens_bias.core.adapter import ModelAdapter, Probe, last_unit_sum
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.figures import new_figure
 from lens_bias.core.inputs import InputSpec
@@ -141,10 +141,13 @@ class Contraction(Analysis):
         n_layers = adapter.info.n_layers
         labels = ["embed"] + [str(layer) for layer in range(n_layers)] + ["final"]
         hooks = ["blocks.0.hook_resid_pre"] + [f"blocks.{layer}.hook_resid_post" for layer in range(n_layers)]
-        return labels, hooks + [READOUT]
+        return labels, hooks + [adapter.readout_hook]
 
     def probes(self, adapter: ModelAdapter) -> dict[Hashable, Probe]:
-        return {(kind, label): probe for label, hook in zip(*self._hooks(adapter)) for kind, probe in _last_probes(hook).items()}
+        labels, hooks = self._hooks(adapter)
+        probes = {(kind, label): probe for label, hook in zip(labels[:-1], hooks[:-1]) for kind, probe in _last_probes(hook).items()}
+        # the final row reads what the model unembeds: after the final norm's gain
+        return probes | {(kind, "final"): adapter.readout_probe(lambda hook, kind=kind: _last_probes(hook)[kind]) for kind in _last_probes(hooks[-1])}
 
     def finalize(self, adapter: ModelAdapter, kept: Mapping[Hashable, Tensor], spec: InputSpec) -> ContractionResult:
         labels, hooks = self._hooks(adapter)

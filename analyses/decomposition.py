@@ -27,7 +27,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from lens_bias.analyses.base import Analysis, Result
-from lens_bias.core.adapter import READOUT, ModelAdapter, Probe, last_unit_sum
+from lens_bias.core.adapter import ModelAdapter, Probe, last_unit_sum
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.inputs import InputSpec
 from lens_bias.core.stats import unit
@@ -158,7 +158,7 @@ class Decomposition(Analysis):
         return f"blocks.{adapter.info.n_layers - 1}.hook_resid_post"
 
     def probes(self, adapter: ModelAdapter) -> dict[Hashable, Probe]:
-        probes: dict[Hashable, Probe] = {"final": last_unit_sum(READOUT)}
+        probes: dict[Hashable, Probe] = {"final": adapter.readout_probe(last_unit_sum)}
         for name, hook in [*components(adapter), ("target", self._target(adapter))]:
             probes["moments", name] = _moments_probe(hook, self.positions)
             probes["first", name] = _first_batch_probe(hook, self.positions)

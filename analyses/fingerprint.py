@@ -16,7 +16,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from lens_bias.analyses.base import Analysis, Result
-from lens_bias.core.adapter import READOUT, ModelAdapter, Probe, last_position
+from lens_bias.core.adapter import ModelAdapter, Probe
 from lens_bias.core.inputs import InputSpec
 from lens_bias.seedprint import identity_dims
 
@@ -67,7 +67,7 @@ class FingerprintSection(Analysis):
     temperature: float = 10.0
 
     def probes(self, adapter: ModelAdapter) -> dict[Hashable, Probe]:
-        return {"final": last_position(READOUT)}
+        return {"final": adapter.readout_probe()}
 
     def finalize(self, adapter: ModelAdapter, kept: Mapping[Hashable, Tensor], spec: InputSpec) -> FingerprintSummary:
         features = kept["final"]

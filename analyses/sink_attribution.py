@@ -29,7 +29,7 @@ your own as ``conditions={"name": [interventions]}``.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence, Union
 
 import pandas as pd
@@ -49,7 +49,7 @@ from lens_bias.core.errors import LensBiasError
 from lens_bias.core.figures import integer_ticks, new_figure
 from lens_bias.core.inputs import InputSpec, check_later_position
 from lens_bias.hooks import AmplifyVariance, Compose, Intervention, MaskToSelf, RemoveWeight, RemoveWeights, SetActivations, ZeroOutputDims
-from lens_bias.hooks.base import edit_hooks, edit_records
+from lens_bias.hooks.base import edit_hooks, edit_records, refusal
 
 __all__ = ["Condition", "anatomy_conditions", "sink_attribution", "SinkAttributionResult", "VERDICTS"]
 
@@ -173,6 +173,8 @@ class SinkAttributionResult(Result):
     eps: float
     n: int
     seq_len: int
+    # default conditions left out because their edits cannot act on this model -> why, in one line
+    skipped: dict[str, str] = field(default_factory=dict)
 
     heading = "Sink attribution"
     plot_caption = "Sink_0 (%) per condition and layer"
@@ -249,6 +251,7 @@ class SinkAttributionResult(Result):
             lines.append(f"  the sink goes with: {', '.join(h['removed_by'])}; cheapest: {h['cheapest_removal']} (perplexity ×{h['cheapest_removal_ppl_ratio']:.3g})")
         else:
             lines.append("  no condition removes the sink")
+        lines += [f"  skipped {name}: {why}" for name, why in self.skipped.items()]
         return "\n".join(lines)
 
     def plot(self) -> Any:
@@ -328,6 +331,10 @@ def sink_attribution(
     chosen = _condition_list(conditions) if conditions is not None else anatomy_conditions(
         model, calibration, n_candidates=n_candidates, n_random=n_random, position=position, factor=factor, seed=seed, batch_size=batch_size,
         progress=progress)
+    skipped: dict[str, str] = {}
+    if conditions is None:  # a default condition whose edit cannot act on this model is left out and listed, not run
+        skipped = {c.name: why for c in chosen if (why := refusal(model, c.interventions)) is not None}
+        chosen = [c for c in chosen if c.name not in skipped]
     records = [edit_records(c.interventions) for c in chosen]  # before the passes: an edit that cannot be recorded fails now
     adapter = ModelAdapter(model)
     n_layers = adapter.info.n_layers
@@ -363,7 +370,7 @@ def sink_attribution(
         conditions=[c.name for c in chosen], descriptions=[c.description for c in chosen], links=[c.link for c in chosen], interventions=records,
         sink_rate=stack("rate"), sink_rate_head=stack("rate_head"), sink_per_sequence=stack("per_sequence"), later_per_sequence=stack("later"),
         alpha0=stack("alpha0"), massive_value=stack("massive"), disparity=stack("disparity"), perplexity=[row["perplexity"] for row in per_condition],
-        massive_dims=dims, position=position, eps=eps, n=int(tokens.shape[0]), seq_len=int(tokens.shape[1]),
+        massive_dims=dims, position=position, eps=eps, n=int(tokens.shape[0]), seq_len=int(tokens.shape[1]), skipped=skipped,
     )
 
 

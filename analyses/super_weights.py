@@ -177,6 +177,12 @@ class SuperWeights(Analysis):
     def applies_to(self, info: ModelInfo) -> bool:
         return not info.attn_only  # no down-projections
 
+    def unavailable(self, adapter: ModelAdapter) -> str | None:
+        if adapter.info.n_experts is not None:  # one MLP's units and down-projection per expert, not one per layer
+            return (f"{self.name} ranks the units of one MLP per layer; this model routes each token to {adapter.info.n_experts} experts' MLPs, "
+                    "which it does not read per expert")
+        return super().unavailable(adapter)
+
     def probes(self, adapter: ModelAdapter) -> dict[Hashable, Probe]:
         probes: dict[Hashable, Probe] = {}
         for layer in range(adapter.info.n_layers):

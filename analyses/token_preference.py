@@ -3,8 +3,9 @@
 p̄ = (1/N) Σ_i softmax(logits_i[last]) is the mean next-token distribution at the readout position. A neutral
 model has p̄ ≈ 1/V everywhere; a randomly initialised one prefers some tokens by orders of magnitude (at width),
 and which ones is fixed by the init seed: the mean-logit vectors of two disjoint halves of the inputs agree
-(Kendall τ high), those of two seeds do not (τ ≈ 0). Logits are computed from the final normalized state at
-the last position only, never as ``[N, T, V]``.
+(Kendall τ high), those of two seeds do not (τ ≈ 0). Logits are the model's own: its head applied to the readout
+(the final norm's output after its gain) at the last position only, never as ``[N, T, V]``, with whatever the model
+does to its head's output (logit scale, soft cap), checked once against the model's logits.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from scipy.stats import kendalltau
 from torch import Tensor
 
 from lens_bias.analyses.base import Analysis, Result
-from lens_bias.core.adapter import READOUT, ModelAdapter, Probe, last_position
+from lens_bias.core.adapter import ModelAdapter, Probe
 from lens_bias.core.figures import new_figure
 from lens_bias.core.inputs import InputSpec
 
@@ -140,7 +141,7 @@ class TokenPreferenceResult(Result):
 
 @dataclass(frozen=True)
 class TokenPreference(Analysis):
-    """Measure p̄ over the inputs from the final normalized state at the last position."""
+    """Measure p̄ over the inputs from the readout at the last position: the state the model unembeds."""
 
     name: ClassVar[str] = "token_preference"
     result_type = TokenPreferenceResult
@@ -149,7 +150,7 @@ class TokenPreference(Analysis):
     top_k: int = 20  # rows of the favourites table
 
     def probes(self, adapter: ModelAdapter) -> dict[Hashable, Probe]:
-        return {"final": last_position(READOUT)}
+        return {"final": adapter.readout_probe()}
 
     def finalize(self, adapter: ModelAdapter, kept: Mapping[Hashable, Tensor], spec: InputSpec) -> TokenPreferenceResult:
         final = kept["final"]  # [N, d_model]

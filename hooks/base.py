@@ -19,19 +19,19 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from typing import Any, Iterator, Mapping, Sequence, TypeVar, Union
 
-from lens_bias.core.adapter import FwdHook, HookFn, ModelAdapter, counting
+from lens_bias.core.adapter import READS, ROLE_ATTRIBUTE, FwdHook, HookFn, ModelAdapter, counting
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.registry import Registry
 
-__all__ = ["INTERVENTIONS", "Intervention", "Compose", "intervene", "as_hooks", "edit_hooks", "edit_records", "reads", "replaces", "check_position", "check_in_sequence"]
+__all__ = ["INTERVENTIONS", "Intervention", "Compose", "intervene", "as_hooks", "edit_hooks", "edit_records", "refusal", "reads", "replaces", "check_position", "check_in_sequence"]
 
 # Intervention class name -> class: what from_dict finds a class by; subclassing registers (private names excepted).
 INTERVENTIONS: Registry[type["Intervention"]] = Registry("intervention")
 _STARTED = "<forward started>"
 
 # What a hook does with the activation that reaches it; unmarked hooks edit it.
-READS, EDITS, REPLACES = "reads", "edits", "replaces"
-_ROLE = "_lens_bias_role"
+EDITS, REPLACES = "edits", "replaces"
+_ROLE = ROLE_ATTRIBUTE
 _Fn = TypeVar("_Fn", bound=HookFn)
 
 
@@ -221,6 +221,17 @@ def edit_hooks(model: Any, edits: Sequence[Edit], *, raw: bool = True) -> list[F
     return hooks
 
 
+def refusal(model: Any, interventions: Sequence[InterventionLike]) -> str | None:
+    """Why ``interventions`` cannot act on ``model`` (a hook it lacks, a hook off its forward path, a read-only copy),
+    in one line; ``None`` when every edit acts. What a default run skips, and says it skipped."""
+    try:
+        hooks = as_hooks(model, interventions)
+        ModelAdapter(model).check_edits_act(name for name, fn in hooks if getattr(fn, _ROLE, EDITS) != READS)
+    except LensBiasError as err:
+        return str(err)
+    return None
+
+
 def edit_records(edits: Sequence[Edit]) -> list[dict[str, Any]]:
     """What a result records of the edits it was measured under: each intervention's ``to_dict()``, in order.
 
@@ -258,9 +269,14 @@ def intervene(model: Any, *interventions: InterventionLike) -> Iterator[Any]:
 
     Yields:
         The model, with the interventions attached through its own scoped ``model.hooks(...)``.
+
+    Raises:
+        LensBiasError: if an edit cannot act on this model (its hook is off the forward path, or a read-only copy;
+            see :meth:`~lens_bias.core.adapter.ModelAdapter.check_edits_act`).
     """
     fired: set[str] = set()
     hooks = as_hooks(model, interventions)
+    ModelAdapter(model).check_edits_act(name for name, fn in hooks if getattr(fn, _ROLE, EDITS) != READS)
     # Observe the start of every forward pass, so edits that never fire are told apart from no pass at all.
     started = ("blocks.0.hook_resid_pre", lambda x, hook: fired.add(_STARTED))
     with model.hooks(fwd_hooks=[started] + [(name, counting(name, fn, fired)) for name, fn in hooks]):

@@ -45,6 +45,29 @@ def tiny(arch: str = "gpt2", **kw: Any) -> Any:
     return lens_bias.random_init(arch, **spec)
 
 
+def with_final_gain(model: Any, seed: int = 7) -> Any:
+    """``model`` with its final norm's gain (and bias) redrawn away from 1 (and 0), as training leaves them: a random
+    init's gain of 1 hides every readout that reads the norm before its gain. Changes ``model`` in place."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.ln_final.named_parameters():
+            is_bias = name.rsplit(".", 1)[-1] in ("b", "bias")
+            p.copy_(torch.randn(p.shape, generator=g) if is_bias else torch.rand(p.shape, generator=g) * 2.5 + 0.25)
+    return model
+
+
+def final_state(model: Any, resid: torch.Tensor) -> torch.Tensor:
+    """The state the model unembeds, computed by hand: its final norm module applied to the last block's output."""
+    with torch.no_grad():
+        return model.ln_final(resid)
+
+
+@functools.lru_cache(maxsize=None)
+def trained_tiny(arch: str = "gpt2", **kw: Any) -> Any:
+    """:func:`tiny` with a trained-looking final norm (:func:`with_final_gain`), built once per session; only read it."""
+    return with_final_gain(tiny(arch, **kw))
+
+
 @functools.lru_cache(maxsize=None)
 def shared_tiny(arch: str = "gpt2", **kw: Any) -> Any:
     """:func:`tiny`, built once per session and argument set, for tests that only read the model (hooks they attach

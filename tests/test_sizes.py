@@ -129,8 +129,8 @@ def test_a_refusal_names_the_estimate_the_limit_and_the_largest_count(capsys, mo
     monkeypatch.setattr(memory, "available_bytes", lambda device=None: 64 * 2**20)
     assert main(["fingerprint", SPEC, "-o", "fp.pt", "--n", str(10**12), "--seq-len", "8", "--no-progress"]) == 2
     line = capsys.readouterr().err.strip()
-    # d_model 16: 64 B kept per sequence (written into one [n, 16] tensor), against half of 64 MiB
-    assert "\n" not in line and "need about" in line and "32.0 MiB can be used" in line and f"pass at most {2**25 // 64} sequences" in line
+    # d_model 16: 128 B kept per sequence (the readout and the gain-free reading, [n, 16] each), against half of 64 MiB
+    assert "\n" not in line and "need about" in line and "32.0 MiB can be used" in line and f"pass at most {2**25 // 128} sequences" in line
 
 
 # ---- every integer field of every experiment, through --set ----------------------------------------------------

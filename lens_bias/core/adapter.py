@@ -13,6 +13,7 @@ unembedding over all positions is never computed when nothing reads it).
 from __future__ import annotations
 
 import logging
+import weakref
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence, Union
@@ -28,16 +29,26 @@ from lens_bias.core.inputs import Inputs, RandomEmbeddings, RandomTokens, check_
 from lens_bias.core.serialise import Serialisable
 from lens_bias.core.stats import unit
 
-__all__ = ["ModelAdapter", "ModelInfo", "Probe", "COMBINES", "HookFn", "FwdHook", "last_position", "last_unit_sum", "counting", "READOUT", "REGIME_ATTRIBUTE", "REGIMES"]
+__all__ = ["ModelAdapter", "ModelInfo", "Probe", "COMBINES", "HookFn", "FwdHook", "last_position", "last_unit_sum", "counting", "NORMALIZED", "REGIME_ATTRIBUTE", "REGIMES"]
 
 logger = logging.getLogger(__name__)
 
 HookFn = Callable[..., Union[Tensor, None]]  # TransformerLens hook signature: fn(activation, hook) -> tensor | None
 FwdHook = tuple[str, HookFn]
 
-# The readout: the final norm's output, what the unembedding reads (token preference, fingerprints, contraction).
-READOUT = "ln_final.hook_normalized"
-"""The readout hook: the final norm's output, what the unembedding reads."""
+# The final norm before its gain (and bias), on TL 4 and TL 3 alike. The readout, what the model unembeds, is the
+# state after the gain: ModelAdapter.readout_probe reads it.
+NORMALIZED = "ln_final.hook_normalized"
+"""The final norm's output *before* its gain: not what the model unembeds (see :meth:`ModelAdapter.readout_probe`);
+kept where a reading must not depend on the gain (SeedPrint's aligned modes)."""
+# What a hook function does with its activation, for the composition check (lens_bias.hooks.base) and the check
+# that edits act: a function marked READS only reads it, so it need not reach the output.
+ROLE_ATTRIBUTE = "_lens_bias_role"
+READS = "reads"
+# Per model: the hooks where an edit was seen to change the logits (lens_bias.core.adapter.ModelAdapter.check_edits_act).
+_EDITS_ACT: "weakref.WeakKeyDictionary[Any, set[str]]" = weakref.WeakKeyDictionary()
+# The readout check's answer per model (True once unembed(readout) matched the model's own logits).
+_READOUT_CHECKED: "weakref.WeakKeyDictionary[Any, tuple[str, str]]" = weakref.WeakKeyDictionary()
 # The attribute lens_bias.models records a model's regime in ("init" or "trained").
 REGIME_ATTRIBUTE = "lens_bias_regime"
 REGIMES = ("init", "trained")
@@ -82,7 +93,10 @@ def _same_reduction(f: Callable[..., Any], g: Callable[..., Any]) -> bool:
         return False
     try:
         cells_f, cells_g = (tuple(c.cell_contents for c in h.__closure__ or ()) for h in (f, g))
-        return bool(f.__defaults__ == g.__defaults__ and cells_f == cells_g)  # type: ignore[attr-defined]
+        same_cells = len(cells_f) == len(cells_g) and all(
+            _same_reduction(a, b) if callable(a) and callable(b) and hasattr(a, "__code__") else a == b for a, b in zip(cells_f, cells_g)
+        )
+        return bool(f.__defaults__ == g.__defaults__ and same_cells)  # type: ignore[attr-defined]
     except (RuntimeError, TypeError, ValueError):  # values without a plain ==, e.g. tensors: not provably equal
         return False
 
@@ -135,6 +149,30 @@ def last_unit_sum(hook: str) -> Probe:
     return Probe(hook, "last_unit_sum", lambda x: unit(x[:, -1]).sum(dim=0), combine="sum")
 
 
+class _FinalAffine:
+    """A TL 3 final norm's gain and bias, applied to its ``hook_normalized`` (which TL 3 reads before them).
+
+    Equal for one norm module, so two readout probes of one model share their key."""
+
+    def __init__(self, norm: torch.nn.Module):
+        self.norm = norm
+
+    def __call__(self, x: Tensor) -> Tensor:
+        w, b = self.norm.w, getattr(self.norm, "b", None)
+        x = x * w.to(x.device)
+        return x if b is None else x + b.to(x.device)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _FinalAffine) and other.norm is self.norm
+
+    def __hash__(self) -> int:
+        return id(self.norm)
+
+
+def _after(gain: Callable[[Tensor], Tensor], fn: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
+    return lambda x: fn(gain(x))
+
+
 @dataclass(frozen=True)
 class ModelInfo(Serialisable):
     """What lens_bias knows about a model: its architecture (read from ``model.cfg``) and whether its weights are a
@@ -160,6 +198,8 @@ class ModelInfo(Serialisable):
     # "init" (random_init, a redrawn model, a fresh config) or "trained" (pretrained, from_hf, a checkpoint, a model
     # lens_bias trained): which laws a report compares the model with. Models lens_bias did not make count as trained.
     regime: str = "trained"
+    # Experts per mixture-of-experts MLP (None: a dense MLP), from the model's config.
+    n_experts: int | None = None
 
 
 class _StopForward(Exception):
@@ -269,6 +309,17 @@ def _architecture(model: Any, cfg: Any) -> str | None:
     return getattr(cfg, "original_architecture", None) or getattr(cfg, "architecture", None)
 
 
+def _experts(model: Any, cfg: Any) -> int | None:
+    """Experts per MLP of a mixture-of-experts model (its TL or Hugging Face config), else None."""
+    hf_cfg = getattr(getattr(model, "original_model", None), "config", None)
+    for source in (cfg, hf_cfg):
+        for key in ("num_experts", "num_local_experts", "n_routed_experts"):
+            value = getattr(source, key, None)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 1:
+                return value
+    return None
+
+
 def _positional(model: Any, cfg: Any) -> str:
     spec = getattr(model, "lens_bias_spec", None)
     if spec is not None:  # lens_bias factories record "none", which TL configs cannot express
@@ -326,6 +377,7 @@ class ModelAdapter:
             dtype=str(param.dtype).removeprefix("torch."),
             tl_version=tl.tl_version(),
             regime=getattr(model, REGIME_ATTRIBUTE, None) or "trained",
+            n_experts=_experts(model, cfg),
         )
 
     # ---- hook names ---------------------------------------------------------------------------------------
@@ -350,6 +402,146 @@ class ModelAdapter:
                 "lens_bias works with TransformerLens models that use the standard hook names "
                 "(see model.hook_dict for what yours has)."
             )
+
+    # ---- the readout: the state the model unembeds ---------------------------------------------------------
+
+    @property
+    def readout_hook(self) -> str:
+        """The hook the readout is read at: ``unembed.hook_in`` on a TL 4 bridge (what the model's head reads),
+        ``ln_final.hook_normalized`` on TL 3 (before the gain, which :meth:`readout_probe` applies), or the last
+        block's output for a model without a final norm."""
+        if self.has_hook("unembed.hook_in"):
+            return "unembed.hook_in"
+        if self.has_hook(NORMALIZED):
+            return NORMALIZED
+        return f"blocks.{self.info.n_layers - 1}.hook_resid_post"
+
+    def readout_probe(self, make: Callable[[str], Probe] = last_position) -> Probe:
+        """``make(hook)`` (e.g. :func:`last_position`) applied to the readout: the state after the final norm and
+        its gain, the one the model's unembedding reads, so ``unembed(readout)`` is the model's own logits.
+
+        >>> import lens_bias
+        >>> m = lens_bias.models.random_init("llama", d_model=64, n_layers=1, n_heads=4, d_vocab=100, n_ctx=16)
+        >>> adapter = ModelAdapter(m)
+        >>> probe = adapter.readout_probe()
+        >>> rows = adapter.collect(lens_bias.random_tokens(2, 8, 100), [probe], progress=False)[probe.key]
+        >>> bool((adapter.unembed(rows) - m(lens_bias.random_tokens(2, 8, 100))[:, -1]).abs().max() < 1e-4)
+        True
+
+        Args:
+            make: builds the probe from a hook name.
+
+        Returns:
+            The probe; its key names the readout hook.
+        """
+        probe = make(self.readout_hook)
+        norm = getattr(self.model, "ln_final", None)
+        if probe.hook != NORMALIZED or not isinstance(getattr(norm, "w", None), torch.nn.Parameter):
+            return probe  # the hook already holds the state after the gain (or the norm has none)
+        return Probe(probe.hook, probe.reduction + "+gain", _after(_FinalAffine(norm), probe.fn), probe.combine)
+
+    def _logit_transform(self) -> Callable[[Tensor], Tensor]:
+        """What the model does to its head's output: Cohere's ``logit_scale``, Granite's ``logits_scaling``,
+        Gemma 2/3's final soft cap (TL's ``output_logits_soft_cap`` or the Hugging Face config's)."""
+        hf = getattr(self.model, "original_model", None)
+        hf_cfg = getattr(hf, "config", None)
+        scale = float(getattr(hf, "logit_scale", None) or 1.0) if hf is not None and not isinstance(getattr(hf, "logit_scale", None), torch.nn.Module) else 1.0
+        divide = float(getattr(hf_cfg, "logits_scaling", None) or 1.0)
+        cap = float(getattr(self.model.cfg, "output_logits_soft_cap", -1.0) or -1.0)
+        if cap <= 0:
+            cap = float(getattr(hf_cfg, "final_logit_softcapping", None) or -1.0)
+
+        def transform(logits: Tensor) -> Tensor:
+            logits = logits * (scale / divide) if scale != divide else logits
+            return cap * torch.tanh(logits / cap) if cap > 0 else logits
+
+        return transform
+
+    def check_readout(self) -> None:
+        """Make sure :meth:`unembed` of the readout is the model's own last-position logits, on one short sequence;
+        the answer is kept for the model's lifetime, per dtype and device.
+
+        Raises:
+            LensBiasError: when they differ: the model transforms its logits in a way lens_bias does not know, so
+                every number read from its logits would be wrong.
+        """
+        key = (self.info.dtype, str(self.device))
+        try:
+            if _READOUT_CHECKED.get(self.model) == key:
+                return
+        except TypeError:  # a model that cannot be weakly referenced is checked every time
+            pass
+        seq_len = min(6, self.info.n_ctx)
+        generator = torch.Generator().manual_seed(0)
+        tokens = torch.randint(0, self.info.d_vocab, (2, seq_len), generator=generator)
+        probe = self.readout_probe()
+        readout = self.collect(tokens, [probe], progress=False, desc="readout check")[probe.key]
+        with torch.inference_mode():
+            own = self.model(tokens.to(self.device))[:, -1].float().cpu()
+        ours = self._unembed(readout).cpu()
+        tolerance = (1e-4 if self.dtype in (torch.float32, torch.float64) else 3e-2) * (1.0 + float(own.abs().max()))
+        gap = float((ours - own).abs().max())
+        if not gap <= tolerance:
+            raise LensBiasError(
+                f"logits computed from this {self.info.architecture or type(self.model).__name__}'s readout ({self.readout_hook}) differ from "
+                f"its own by up to {gap:.3g}: its head transforms the logits in a way lens_bias does not know, so readout numbers would be wrong; "
+                "please report it with the model's architecture"
+            )
+        try:
+            _READOUT_CHECKED[self.model] = key
+        except TypeError:
+            pass
+
+    # ---- edits that act ------------------------------------------------------------------------------------
+
+    def check_edits_act(self, names: Iterable[str]) -> None:
+        """Make sure an edit at each hook in ``names`` reaches the model's output: on one short sequence, a
+        perturbation there alone must change the logits. The answer is kept for the model's lifetime.
+
+        Some TransformerLens bridges expose a read-only copy (``hook_pattern`` on GPT-J, GPT-Neo and OPT): an edit
+        there fires but changes nothing, and a measurement under it would report an effect the model never computed.
+
+        Raises:
+            LensBiasError: naming the first hook whose edit does not act, and why (not on the forward path, or a
+                copy the model does not read back).
+        """
+        try:
+            acting = _EDITS_ACT.setdefault(self.model, set())
+        except TypeError:  # a model that cannot be weakly referenced is checked every time
+            acting = set()
+        seq_len = min(6, self.info.n_ctx)
+        tokens = torch.randint(0, self.info.d_vocab, (1, seq_len), generator=torch.Generator().manual_seed(0)).to(self.device)
+        plain: Tensor | None = None
+        for name in sorted(set(names) - acting):
+            fired: list[bool] = []
+
+            def perturb(x: Tensor, hook: Any) -> Tensor | None:
+                fired.append(True)
+                if not x.is_floating_point():
+                    return None
+                g = torch.Generator(device=x.device).manual_seed(1)
+                finite = x[torch.isfinite(x)]
+                size = float(finite.abs().mean()) + 1e-3 if finite.numel() else 1.0
+                factor = 0.5 + torch.rand(x.shape, generator=g, device=x.device, dtype=x.dtype)
+                return x * factor + 0.1 * size * torch.randn(x.shape, generator=g, device=x.device, dtype=x.dtype)
+
+            with torch.inference_mode():
+                if plain is None:
+                    plain = self.model(tokens).float()
+                with self.model.hooks(fwd_hooks=[(name, perturb)]):
+                    edited = self.model(tokens).float()
+            if not fired:
+                raise LensBiasError(
+                    f"hook {name} never fired in a forward pass of this {type(self.model).__name__}: it is not on the model's computation "
+                    "path, so an edit there would have no effect"
+                )
+            gap = float((edited - plain).abs().max())
+            if not gap > 1e-6 * (1.0 + float(plain.abs().max())):
+                raise LensBiasError(
+                    f"an edit at {name} does not change this {self.info.architecture or type(self.model).__name__}'s output: TransformerLens "
+                    f"{self.info.tl_version} exposes that hook as a copy the model does not read back, so the edit cannot act on this architecture"
+                )
+            acting.add(name)
 
     def default_batch_size(self, seq_len: int, n: int | None = None, *, logits: bool = False) -> int:
         """Sequences per forward pass: the most whose estimated peak fits the device's free memory
@@ -410,12 +602,14 @@ class ModelAdapter:
         self.check_inputs(inputs)
         edits = _check_hooks(hooks)
         self.require({p.hook for p in unique.values()} | {name for name, _ in edits}, "this analysis")
+        is_embedding = not (isinstance(inputs, RandomTokens) or (isinstance(inputs, Tensor) and inputs.ndim == 2))
+        # Edits, the embedding replacement included, must reach the output; hooks that only read need not.
+        self.check_edits_act([name for name, fn in edits if getattr(fn, ROLE_ATTRIBUTE, None) != READS] + (["hook_embed"] if is_embedding else []))
         n, seq_len = inputs.shape[0], inputs.shape[1]
         if n < 1:
             raise LensBiasError("the inputs hold no sequences; pass at least one")
         if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
             raise LensBiasError(f"batch_size must be a positive int or None, got {batch_size!r}")
-        is_embedding = not (isinstance(inputs, RandomTokens) or (isinstance(inputs, Tensor) and inputs.ndim == 2))
 
         by_hook: dict[str, list[Probe]] = defaultdict(list)
         for probe in unique.values():
@@ -428,7 +622,6 @@ class ModelAdapter:
         )
         kept = _Kept(unique, n)
         fired_this_batch: set[str] = set()
-        fired_ever: set[str] = set()
         current: dict[str, Tensor] = {}
         # (hook, "has a NaN/inf" flag) per probed activation of the batch, in firing order: read once per batch.
         finite_flags: list[tuple[str, Tensor]] = []
@@ -456,8 +649,8 @@ class ModelAdapter:
         # point as an intervention reads the edited activation.
         fwd_hooks: list[FwdHook] = []
         if is_embedding:
-            fwd_hooks.append(("hook_embed", counting("hook_embed", replace_embedding, fired_ever)))
-        fwd_hooks += [(name, counting(name, fn, fired_ever)) for name, fn in edits]
+            fwd_hooks.append(("hook_embed", replace_embedding))
+        fwd_hooks += edits
         fwd_hooks += [(name, make_probe_hook(name, group)) for name, group in by_hook.items()]
 
         was_training = self.model.training
@@ -492,36 +685,20 @@ class ModelAdapter:
         finally:
             if was_training:
                 self.model.train()
-        edited = ({"hook_embed"} if is_embedding else set()) | {name for name, _ in edits}
-        silent = self._never_firing(edited - fired_ever, seq_len)
-        if silent:
-            raise LensBiasError(
-                f"intervention hook(s) {silent} never fired on this {type(self.model).__name__}: the edit had no "
-                "effect, so the results would be those of the unedited model"
-            )
         return kept.out
 
-    def _never_firing(self, names: set[str], seq_len: int) -> list[str]:
-        """Of ``names``, those that do not fire in a full forward pass of one sequence.
-
-        A hook that did not fire during ``collect`` may just lie after the point where the pass stopped early;
-        one complete pass tells that apart from a hook that is not on the model's computation path.
-        """
-        if not names:
-            return []
-        fired: set[str] = set()
-        hooks = [(name, lambda x, hook, name=name: fired.add(name)) for name in sorted(names)]
-        with torch.inference_mode(), self.model.hooks(fwd_hooks=hooks):
-            self.model(torch.zeros(1, seq_len, dtype=torch.long, device=self.device))
-        return sorted(names - fired)
-
     def unembed(self, resid: Float[Tensor, "batch d_model"]) -> Float[Tensor, "batch d_vocab"]:
-        """Logits from final normalized states (the :data:`~lens_bias.core.adapter.READOUT` hook), as float32.
+        """The model's logits from readout states (:meth:`readout_probe`), as float32: its head, then whatever it
+        does to the head's output (logit scale, soft cap). Checked once per model against the model's own logits
+        (:meth:`check_readout`).
 
         Lets analyses compute logits at the readout position only, never ``[n, seq, d_vocab]``.
         """
+        self.check_readout()
+        return self._unembed(resid)
+
+    def _unembed(self, resid: Tensor) -> Tensor:
         x = resid.to(device=self.device, dtype=self.dtype)[:, None, :]
         with torch.inference_mode():
             logits = self.model.unembed(x)[:, 0].float()
-        cap = float(getattr(self.model.cfg, "output_logits_soft_cap", -1.0) or -1.0)
-        return cap * torch.tanh(logits / cap) if cap > 0 else logits
+        return self._logit_transform()(logits)

@@ -26,7 +26,7 @@ import torch
 
 from lens_bias.core import memory, tl
 from lens_bias.core.errors import LensBiasError
-from lens_bias.core.offload import is_offloaded
+from lens_bias.core.offload import execution_device, is_offloaded
 from lens_bias.models.gguf_offload import load_gguf_offloaded
 from lens_bias.models.init import mark, resolve_backend
 
@@ -270,9 +270,24 @@ def from_hf(hf_model: Any, tokenizer: Any = None, *, backend: str = "auto", mode
             model = build_bridge_from_module(hf_model, architecture, hf_config=hf_model.config, tokenizer=tokenizer, model_name=model_name)
         except (ValueError, KeyError, NotImplementedError) as err:
             raise LensBiasError(f"TransformerLens {tl.tl_version()} cannot wrap architecture {architecture!r}: {err}") from None
+        _check_runs(model, architecture)
         if tokenizer is not None:
             model.tokenizer = tokenizer
     return mark(model.eval(), regime="trained")
+
+
+def _check_runs(model: Any, architecture: str) -> None:
+    """Refuse a bridge that cannot run its own forward pass (TL 4.3's CodeGen bridge), rather than hand it back for
+    every later call to fail on: one two-token pass."""
+    try:
+        with torch.inference_mode():
+            model(torch.zeros(1, 2, dtype=torch.long, device=execution_device(model)))
+    except Exception as err:  # noqa: BLE001 - whatever the bridge raises, it cannot run
+        detail = " ".join(f"{type(err).__name__}: {err}".split())[:200]
+        raise LensBiasError(
+            f"the TransformerLens {tl.tl_version()} bridge of {architecture} cannot run its own forward pass ({detail}); "
+            "this architecture cannot be analysed with this TransformerLens version"
+        ) from None
 
 
 def _architecture(hf: Any) -> str:

@@ -51,6 +51,8 @@ class BiasReport:
     sections: dict[str, Result] = field(default_factory=dict)
     # The edits every section was measured under, as Intervention.to_dict() (empty: the unedited model).
     interventions: list[dict[str, Any]] = field(default_factory=list)
+    # Sections a default run left out because they cannot run on this model -> why, in one line.
+    skipped: dict[str, str] = field(default_factory=dict)
 
     def __getattr__(self, name: str) -> Any:
         # Only reached when ordinary lookup fails: report.sinks and the other sections by name.
@@ -73,7 +75,8 @@ class BiasReport:
             sections[name] = {"headline": r.headline(), "table": r.to_pandas().to_dict(orient="records")}
             if results:
                 sections[name]["result"] = r.to_dict()
-        return {"model": self.model.to_dict(), "inputs": self.inputs.to_dict(), "interventions": self.interventions, "sections": sections}
+        return {"model": self.model.to_dict(), "inputs": self.inputs.to_dict(), "interventions": self.interventions, "sections": sections,
+                "skipped": dict(self.skipped)}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "BiasReport":
@@ -87,7 +90,7 @@ class BiasReport:
                 raise LensBiasError(f"section {name!r} holds only its summary: write the report with to_dict(results=True)")
             sections[name] = kind.from_dict(section["result"])
         return cls(model=ModelInfo.from_dict(d["model"]), inputs=InputSpec.from_dict(d["inputs"]), sections=sections,
-                   interventions=list(d["interventions"]))
+                   interventions=list(d["interventions"]), skipped=dict(d.get("skipped", {})))
 
     def anatomy(self) -> SinkAnatomy | None:
         """The anatomy of the first-token sink (super weight → massive dim → disparity → sink) from the computed
@@ -189,6 +192,7 @@ class BiasReport:
         )
         if self.interventions:
             header += "\nmeasured under: " + " + ".join(d.get("type", "?") for d in self.interventions)
+        header += "".join(f"\nskipped {name}: {why}" for name, why in self.skipped.items())
         anatomy = self.anatomy() if m.regime == "trained" else None
         return "\n\n".join([header] + ([anatomy.summary()] if anatomy is not None else []) + [r.summary() for r in self.sections.values()])
 
@@ -249,7 +253,8 @@ def analyze(
         batch_size: sequences per forward pass (default: sized to the sequence length).
         device: the device the model is on, as a check; lens_bias does not move models.
         progress: show a tqdm progress bar.
-        sections: which sections to compute (default: every one in ``SECTIONS`` whose ``applies_to`` accepts the model).
+        sections: which sections to compute (default: every one in ``SECTIONS`` that can run on the model; the
+            others are listed in ``report.skipped`` with the reason).
         ablations: also run :func:`lens_bias.ablate` on the same inputs (one more pass per condition).
         attribution: also run :func:`lens_bias.analyses.sink_attribution.sink_attribution` on the same token inputs
             (two passes per condition; its odd sequences calibrate, its even ones are measured); its verdicts join
@@ -274,8 +279,10 @@ def analyze(
         raise LensBiasError(f"unknown section(s) {unknown}; choose from {list(SECTIONS)}")
     names.sort(key=lambda s: SECTIONS[s].place(adapter.info.regime))
     analyses = [SECTIONS[s]() for s in names]
-    if sections is None:  # by default every section the model has what it reads for
-        analyses = [a for a in analyses if a.applies_to(adapter.info)]
+    skipped: dict[str, str] = {}
+    if sections is None:  # by default every section that can run on the model; the others are listed with the reason
+        skipped = {a.name: why for a in analyses if (why := a.unavailable(adapter)) is not None}
+        analyses = [a for a in analyses if a.name not in skipped]
     data, spec = resolve_inputs(inputs, model=model, d_vocab=adapter.info.d_vocab, n_sequences=n_sequences, seq_len=seq_len, seed=seed)
     if spec.n < 2:
         raise LensBiasError(f"analyze needs at least 2 sequences (cosines between sequences), got {spec.n}")
@@ -293,4 +300,4 @@ def analyze(
     if attribution:
         tokens = data.tensor() if isinstance(data, RandomTokens) else data
         results["sink_attribution"] = sink_attribution(model, tokens, batch_size=batch_size, progress=progress)
-    return BiasReport(model=adapter.info, inputs=spec, sections=results, interventions=records)
+    return BiasReport(model=adapter.info, inputs=spec, sections=results, interventions=records, skipped=skipped)

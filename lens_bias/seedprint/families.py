@@ -168,7 +168,8 @@ class _Cache:
     def path(self, key: str, spec: Mapping[str, Any]) -> Path | None:
         if self.folder is None:
             return None
-        spec_key = hashlib.sha256(json.dumps(dict(spec), sort_keys=True).encode()).hexdigest()[:16]
+        # the file format is part of the key: a fingerprint of an earlier format is made again, not read
+        spec_key = hashlib.sha256(json.dumps({**spec, "format": Fingerprint.FORMAT}, sort_keys=True).encode()).hexdigest()[:16]
         return self.folder / f"{key}-{spec_key}.pt"
 
     def load(self, key: str, spec: Mapping[str, Any]) -> Fingerprint | None:

@@ -1,4 +1,5 @@
-"""SeedPrint fingerprints: a model's final normalized state at the last position of N recorded random inputs.
+"""SeedPrint fingerprints: a model's readout (the state it unembeds, after the final norm's gain) at the last position
+of N recorded random inputs; beside it, the final norm's output before its gain, which the aligned tests compare.
 
 Inputs come from :func:`lens_bias.core.inputs.resolve_inputs`, the path every analysis uses, with one convention for
 embedding inputs chosen explicitly there: N(0, ``embed_std``), the same for every model of one width (two models'
@@ -19,7 +20,7 @@ import logging
 from dataclasses import asdict, dataclass, field
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, ClassVar, Union
 
 import numpy as np
 import torch
@@ -28,7 +29,7 @@ from torch import Tensor
 
 from lens_bias.core import distributed as distributed_run
 from lens_bias.core import offload, tl
-from lens_bias.core.adapter import READOUT, ModelAdapter, last_position
+from lens_bias.core.adapter import NORMALIZED, ModelAdapter, last_position
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.files import atomic_save, load_torch_file
 from lens_bias.core.inputs import (
@@ -51,11 +52,18 @@ DEFAULT_EMBED_STD = 0.02
 class Fingerprint:
     """A model's SeedPrint features on a recorded set of random inputs; ``save`` once, compare many times."""
 
-    features: Float[Tensor, "n d_model"]  # float32 CPU: the READOUT hook (final norm output) at the last position
+    FORMAT: ClassVar[str] = "lens_bias.Fingerprint/2"  # /1 held the final norm's output before its gain as the features
+
+    # float32 CPU, the last position. features: the readout, the state the model unembeds (after the final norm's
+    # gain; Hugging Face's last_hidden_state): the published test's features. normalized: the final norm before its
+    # gain, what the aligned tests compare (a rotated basis folds the gain into the next weights, so only the
+    # gain-free reading is related to the base's by the rotation); None where it is the readout itself.
+    features: Float[Tensor, "n d_model"]
     inputs: dict[str, Any]  # kind, n, seq_len, seed, vocab / mean, std, and a digest of the exact inputs
     model: dict[str, Any]  # lens_bias ModelInfo of the fingerprinted model
     spec: dict[str, Any] | None = None  # lens_bias ModelSpec when lens_bias built the model (rebuilds the null)
     versions: dict[str, str] = field(default_factory=dict)
+    normalized: Float[Tensor, "n d_model"] | None = None
 
     @property
     def n(self) -> int:
@@ -70,20 +78,23 @@ class Fingerprint:
 
         The file is written under a temporary name and renamed, so an interrupted save never leaves a partial file.
         """
-        atomic_save({"format": "lens_bias.Fingerprint/1", **asdict(self)}, path)
+        atomic_save({"format": Fingerprint.FORMAT, **asdict(self)}, path)
 
     @classmethod
     def load(cls, path: Union[str, Path]) -> "Fingerprint":
         """Read a fingerprint written by :meth:`save`; a foreign, corrupt or non-finite file raises :class:`LensBiasError`."""
         fix = "make one with `lens-bias fingerprint` or Fingerprint.save"
         data = load_torch_file(path, "fingerprint", fix)
-        if data.pop("format", None) != "lens_bias.Fingerprint/1":
+        kind = data.pop("format", None)
+        if kind == "lens_bias.Fingerprint/1":
+            raise LensBiasError(f"{path} was made by an earlier lens_bias, whose features were read before the final norm's gain; fingerprint the model again")
+        if kind != Fingerprint.FORMAT:
             raise LensBiasError(f"{path} is not a lens_bias fingerprint file; {fix}")
         names = {f for f in cls.__dataclass_fields__}
         features = data.get("features")
         if not names >= set(data) or not isinstance(features, Tensor) or features.ndim != 2 or not features.is_floating_point():
             raise LensBiasError(f"{path} is a damaged lens_bias fingerprint (fields {sorted(data)}); {fix}")
-        if not torch.isfinite(features).all():
+        if not torch.isfinite(features).all() or (isinstance(data.get("normalized"), Tensor) and not torch.isfinite(data["normalized"]).all()):
             raise LensBiasError(f"{path} holds NaN/inf features: the fingerprinted model overflowed or is broken; {fix} in float32 or bfloat16")
         return cls(**data)
 
@@ -143,10 +154,12 @@ def fingerprint(
     progress: bool = True,
     distributed: bool = False,
 ) -> Fingerprint | None:
-    """SeedPrint features of ``model``: the final normalized state at the last position of N random inputs.
+    """SeedPrint features of ``model``: its readout at the last position of N random inputs.
 
-    The forward pass stops after the final norm (the unembedding is never computed) and keeps only the last
-    position, so memory does not grow with N beyond the ``[N, d_model]`` result.
+    The readout is the state the model unembeds, after the final norm and its gain (Hugging Face's
+    ``last_hidden_state``), as the published test defines it. The final norm's output before its gain is kept beside
+    it (``Fingerprint.normalized``) for the aligned tests. The forward pass stops before the unembedding and keeps
+    only the last position, so memory does not grow with N beyond the ``[N, d_model]`` results.
 
     Args:
         model: any TransformerLens model (never modified).
@@ -192,7 +205,11 @@ def fingerprint(
     if drawn:
         described.update({"vocab": vocab} if given.kind == "tokens" else {"mean": data.mean, "std": data.std})
 
-    probe = last_position(READOUT)
+    adapter = ModelAdapter(model)
+    readout = adapter.readout_probe()
+    # the gain-free reading, where the readout is not already it
+    probes = [readout] + ([last_position(NORMALIZED)] if adapter.has_hook(NORMALIZED) and readout.key != f"{NORMALIZED}:last" else [])
+    keys = [p.key for p in probes]
     if distributed:
         distributed_run.ensure_process_group()
         device = device if device is not None else distributed_run.local_device()
@@ -201,20 +218,22 @@ def fingerprint(
 
         def extract(start: int, stop: int) -> Tensor:
             if start == stop:
-                return torch.zeros(0, info.d_model)
+                return torch.zeros(0, info.d_model * len(probes))
             shard = data.view(start, stop) if isinstance(data, (RandomTokens, RandomEmbeddings)) else data[start:stop]
-            return ModelAdapter(runner).collect(shard, [probe], batch_size=batch, progress=progress, desc="fingerprint")[probe.key]
+            kept = ModelAdapter(runner).collect(shard, probes, batch_size=batch, progress=progress, desc="fingerprint")
+            return torch.cat([kept[key] for key in keys], dim=1)
 
         gathered = distributed_run.run_sharded(extract, data.shape[0], batch)
         if gathered is None:
             return None
-        features = gathered
+        readings = dict(zip(keys, gathered.split(info.d_model, dim=1)))
     else:
         runner = _with_device_dtype(model, device, dtype)
-        features = ModelAdapter(runner).collect(data, [probe], batch_size=batch_size, progress=progress, desc="fingerprint")[probe.key]
+        readings = ModelAdapter(runner).collect(data, probes, batch_size=batch_size, progress=progress, desc="fingerprint")
     described["digest"] = _digest(data)  # after the pass: a count the memory guard refuses is refused after one batch
     return Fingerprint(
-        features=features,
+        features=readings[readout.key].contiguous(),
+        normalized=readings[keys[1]].contiguous() if len(keys) > 1 else None,
         inputs=described,
         model=ModelAdapter(runner).info.to_dict(),
         spec=spec.to_dict() if spec is not None else None,
@@ -236,10 +255,14 @@ def regenerate_inputs(base: Fingerprint) -> Inputs:
     return data
 
 
-def as_features(x: FeaturesLike, name: str) -> Float[Tensor, "n d"]:
-    """The float32 CPU feature matrix of a :class:`Fingerprint` or an ``[N, D]`` array; NaN/inf are refused."""
+def as_features(x: FeaturesLike, name: str, align: str | None = None) -> Float[Tensor, "n d"]:
+    """The float32 CPU feature matrix of a :class:`Fingerprint` or an ``[N, D]`` array; NaN/inf are refused.
+
+    With an ``align`` mode, a fingerprint's gain-free reading (``normalized``) where it has one: a reparametrised
+    basis folds the final norm's gain into the next weights, so only that reading is related by the map.
+    """
     if isinstance(x, Fingerprint):
-        x = x.features
+        x = x.normalized if align is not None and x.normalized is not None else x.features
     elif isinstance(x, np.ndarray):
         x = torch.from_numpy(x)
     if isinstance(x, Tensor) and x.ndim == 2 and x.is_floating_point():

@@ -142,7 +142,7 @@ def lineage_test(
         raise LensBiasError(f"mode must be one of {MODES}, got {mode!r}")
     if align not in ALIGN_MODES:
         raise LensBiasError(f"align must be one of {ALIGN_MODES}, got {align!r}")
-    full_a, full_b = as_features(a, "a"), as_features(b, "b")
+    full_a, full_b = as_features(a, "a", align), as_features(b, "b", align)
     check_compatible(a, b, full_a, full_b)
     fit_rows = int(fit_fraction * full_a.shape[0]) if align is not None else 0
     if align is not None and not 3 <= fit_rows <= full_a.shape[0] - 3:

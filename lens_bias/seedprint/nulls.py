@@ -43,6 +43,7 @@ from lens_bias.seedprint import align
 from lens_bias.seedprint.fingerprints import (
     FeaturesLike,
     Fingerprint,
+    as_features,
     check_compatible,
     fingerprint,
     regenerate_inputs,
@@ -317,8 +318,9 @@ class SeedsNull(Null):
             prints = seed_null_fingerprints(case.a, n_null=self.n_null, factory=self.factory, first_seed=1_000_000 + self.seed, avoid=avoid, progress=case.progress)
         null = []
         for other in prints:
-            check_compatible(case.a, other, case.full_a, other.features)
-            tau = case.tau_bar_against(other.features)
+            features = as_features(other, "a seeds-null fingerprint", case.align)
+            check_compatible(case.a, other, case.full_a, features)
+            tau = case.tau_bar_against(features)
             if not math.isnan(tau):
                 null.append(tau)
         if len(null) < 3:
@@ -379,7 +381,7 @@ def seed_null_fingerprints(
             if not built:
                 built.append(random_init(replace(spec, seed=seed)))
             return redraw(built[0], seed)
-    memory.check_held(f"the seeds null's {n_null} fingerprints", n_null, base.features.numel() * 4, "n_null", "the base's inputs (n)")
+    memory.check_held(f"the seeds null's {n_null} fingerprints", n_null, base.features.numel() * (4 if base.normalized is None else 8), "n_null", "the base's inputs (n)")
     data = regenerate_inputs(base)
     seeds = [s for s in range(first_seed, first_seed + n_null + len(avoid)) if s not in avoid][:n_null]
     prints = []

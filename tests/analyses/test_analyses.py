@@ -9,7 +9,7 @@ from scipy.stats import kendalltau
 import lens_bias
 from lens_bias import random_tokens
 
-from ..conftest import shared_tiny
+from ..conftest import final_state, shared_tiny, trained_tiny
 
 
 def _pairwise_cos_loop(x):
@@ -21,17 +21,18 @@ def _pairwise_cos_loop(x):
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
 def test_contraction_equals_direct_computation(arch):
-    model = shared_tiny(arch, act_fn="relu")
+    model = trained_tiny(arch, act_fn="relu")  # a final gain and bias away from 1 and 0, as training leaves them
     tokens = random_tokens(9, 7, 97, seed=5)
     # batches of 4, 4 and 1: the sums over sequences taken in the pass add up across batches
     table = lens_bias.analyze(model, inputs=tokens, batch_size=4, progress=False).contraction.to_pandas()
     _, cache = model.run_with_cache(tokens)
-    hooks = ["blocks.0.hook_resid_pre", "blocks.0.hook_resid_post", "blocks.1.hook_resid_post", "ln_final.hook_normalized"]
-    assert list(table.hook) == hooks and list(table.layer) == ["embed", "0", "1", "final"]
-    final_u = torch.nn.functional.normalize(cache[hooks[-1]][:, -1].double(), dim=-1)
+    hooks = ["blocks.0.hook_resid_pre", "blocks.0.hook_resid_post", "blocks.1.hook_resid_post"]
+    assert list(table.hook) == hooks + [lens_bias.ModelAdapter(model).readout_hook] and list(table.layer) == ["embed", "0", "1", "final"]
+    states = [cache[hook] for hook in hooks] + [final_state(model, cache[hooks[-1]])]  # the final row: what the model unembeds
+    final_u = torch.nn.functional.normalize(states[-1][:, -1].double(), dim=-1)
     seed = torch.nn.functional.normalize(final_u.mean(0), dim=0)
-    for row, hook in zip(table.itertuples(), hooks):
-        acts = cache[hook].double()
+    for row, acts in zip(table.itertuples(), states):
+        acts = acts.double()
         assert row.inter == pytest.approx(_pairwise_cos_loop(acts[:, -1]), abs=1e-5)
         intra = sum(_pairwise_cos_loop(seq) for seq in acts) / len(acts)
         assert row.intra == pytest.approx(intra, abs=1e-5)
@@ -43,13 +44,13 @@ def test_contraction_equals_direct_computation(arch):
 def test_decomposition_equals_direct_computation(positions):
     from lens_bias.analyses.decomposition import Decomposition, components
 
-    model = shared_tiny("llama", act_fn="relu")
+    model = trained_tiny("llama", act_fn="relu")
     tokens = random_tokens(9, 7, 97, seed=5)
     adapter = lens_bias.ModelAdapter(model)
     spec = lens_bias.InputSpec("tokens", 9, 7, 5, 97)
     result = lens_bias.run_analyses(adapter, tokens, spec, [Decomposition(positions=positions)], batch_size=4, progress=False)["decomposition"]
     _, cache = model.run_with_cache(tokens)
-    final_u = torch.nn.functional.normalize(cache["ln_final.hook_normalized"][:, -1].double(), dim=-1)
+    final_u = torch.nn.functional.normalize(final_state(model, cache["blocks.1.hook_resid_post"])[:, -1].double(), dim=-1)
     seed = torch.nn.functional.normalize(final_u.mean(0), dim=0)
     cumulative = 0
     for i, (name, hook) in enumerate(components(adapter)):
@@ -65,8 +66,9 @@ def test_decomposition_equals_direct_computation(positions):
     assert result.reconstruction_error < 1e-5
 
 
-def test_token_preference_equals_full_logits():
-    model = shared_tiny("gpt2", act_fn="relu")
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_token_preference_equals_full_logits(arch):
+    model = trained_tiny(arch, act_fn="relu")  # the final gain and bias must reach the logits
     tokens = random_tokens(10, 6, 97, seed=3)
     result = lens_bias.analyze(model, inputs=tokens, progress=False).token_preference
     with torch.no_grad():
@@ -74,6 +76,7 @@ def test_token_preference_equals_full_logits():
     p_bar = last.softmax(-1).mean(0)
     assert torch.allclose(result.p_bar, p_bar, atol=1e-6)
     assert torch.allclose(result.mean_logits, last.mean(0), atol=1e-5)
+    assert not torch.allclose(shared_tiny(arch, act_fn="relu")(tokens)[:, -1].double().softmax(-1).mean(0), p_bar, atol=1e-3)  # the gain matters
     assert torch.equal(result.argmax_counts, torch.bincount(last.argmax(-1), minlength=97))
     tau = kendalltau(last[:5].mean(0).numpy(), last[5:].mean(0).numpy()).statistic
     assert result.tau_halves == pytest.approx(tau, abs=1e-6)

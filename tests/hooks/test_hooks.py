@@ -244,7 +244,7 @@ def test_an_edit_that_never_fires_is_reported():
     """The HF llama bridge lists hook_pos_embed but has no position table; TL 3 llama has no such hook."""
     model = tiny("llama")
     if BACKEND == "bridge":
-        with pytest.warns(UserWarning, match="hook_pos_embed"):
+        with pytest.raises(LensBiasError, match="hook_pos_embed never fired"):  # refused before any pass runs under it
             with intervene(model, SubtractPositionEmbedding()):
                 model(TOKENS)
         with pytest.raises(LensBiasError, match="never fired"):

@@ -15,7 +15,7 @@ from lens_bias.core import memory
 from lens_bias.core.stats import kendall_tau_b, kendall_tau_b_vectorised
 from lens_bias.seedprint.align import ALIGN_MODES
 
-from ..conftest import requires_tl4
+from ..conftest import final_state, requires_tl4, with_final_gain
 
 # ---- Kendall τ-b ----------------------------------------------------------------------------------------------
 
@@ -207,18 +207,31 @@ def test_nulls_are_named_objects_recorded_in_the_result():
 SMALL = dict(d_model=64, n_layers=2, n_heads=4, d_vocab=2000, n_ctx=32)
 
 
-def test_fingerprint_reads_the_final_norm_at_the_last_position(tmp_path):
-    model = lens_bias.random_init("llama", seed=3, **SMALL)
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_fingerprint_reads_what_the_model_unembeds_and_the_norm_before_its_gain(tmp_path, arch):
+    model = with_final_gain(lens_bias.random_init(arch, seed=3, **SMALL))  # a gain (and bias) away from 1, as trained
     fp = sp.fingerprint(model, n=12, seq_len=16, vocab=1000, progress=False)
     tokens = lens_bias.random_tokens(12, 16, 1000, seed=42)
-    _, cache = model.run_with_cache(tokens)
+    logits, cache = model.run_with_cache(tokens)
     assert fp.features.dtype == torch.float32 and fp.features.device.type == "cpu"
-    assert torch.allclose(fp.features, cache["ln_final.hook_normalized"][:, -1], atol=1e-6)
+    # the published features: the state the model unembeds, so its head maps them to the model's own logits
+    assert torch.allclose(fp.features, final_state(model, cache["blocks.1.hook_resid_post"])[:, -1], atol=1e-5)
+    assert torch.allclose(lens_bias.ModelAdapter(model).unembed(fp.features), logits[:, -1], atol=1e-4)
+    # beside them, the final norm before its gain, which the aligned tests compare
+    assert torch.allclose(fp.normalized, cache["ln_final.hook_normalized"][:, -1], atol=1e-6)
+    assert not torch.allclose(fp.features, fp.normalized, atol=1e-2)
     assert fp.inputs["vocab"] == 1000 and fp.spec["seed"] == 3 and fp.model["d_model"] == 64
     path = tmp_path / "fp.pt"
     fp.save(path)
     back = sp.Fingerprint.load(path)
-    assert torch.equal(back.features, fp.features) and back.inputs == fp.inputs and back.spec == fp.spec
+    assert torch.equal(back.features, fp.features) and torch.equal(back.normalized, fp.normalized) and back.inputs == fp.inputs and back.spec == fp.spec
+
+
+def test_a_fingerprint_file_of_the_earlier_format_is_refused_in_one_line(tmp_path):
+    fp = sp.fingerprint(lens_bias.random_init("llama", seed=3, **SMALL), n=4, seq_len=8, progress=False)
+    torch.save({"format": "lens_bias.Fingerprint/1", "features": fp.features, "inputs": fp.inputs, "model": fp.model}, tmp_path / "old.pt")
+    with pytest.raises(LensBiasError, match="earlier lens_bias, whose features were read before the final norm's gain; fingerprint the model again"):
+        sp.Fingerprint.load(tmp_path / "old.pt")
 
 
 def test_embedding_inputs_are_the_init_std_gaussian_for_every_model():

@@ -1,0 +1,59 @@
+"""The architecture matrix (tests/architecture_matrix.py) on the installed TransformerLens, and the docs page made from it.
+
+Every public function on a tiny model of every architecture: a result checked against the model's own computation,
+or a one-line LensBiasError; the model unchanged afterwards. The rows that must give results, not refusals, are
+pinned below, so a regression cannot hide as a refusal.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+
+from lens_bias.core import tl
+
+from .architecture_matrix import CELLS, Row, page, rows, run_row
+
+_DONE: dict[str, Row] = {}
+# Cells that must be results on every row of the installed TL (the readout, fingerprints and the default calls).
+ALWAYS = ("analyze", "section token_preference", "section contraction", "fingerprint", "compare", "ablate", "intervention ZeroSublayer",
+          "intervention HeadwiseRMSNorm")
+# Rows whose every cell must be a result: the attention edits act there (hook_pattern is live).
+COMPLETE = ("hf:gpt2", "hf:gpt_bigcode") if tl.tl_major() >= 4 else ("tl3:gpt2 (LN, learned positions)", "tl3:alibi")
+# Architectures TL 4.3 bridges with a read-only hook_pattern: every attention edit must be refused, never accepted.
+READ_ONLY_PATTERN = ("hf:gptj", "hf:gpt_neo", "hf:opt")
+ATTENTION_EDITS = ("intervention MaskToSelf", "intervention UniformAttention", "intervention SelfOnlyAttention")
+
+
+@pytest.mark.parametrize("row", rows())
+def test_every_function_on_every_architecture(row):
+    result = run_row(row)  # raises on anything but a checked result or a one-line refusal
+    _DONE[row] = result
+    if result.refused is not None:
+        assert row == "hf:codegen" and "cannot run its own forward pass" in result.refused, result.refused
+        return
+    refused = {name: why for name, why in result.cells.items() if why.startswith("refused")}
+    assert not refused.keys() & set(ALWAYS), refused
+    if row in COMPLETE:
+        assert not refused, refused
+    if row in READ_ONLY_PATTERN:
+        assert all("copy the model does not read back" in result.cells[name] for name in ATTENTION_EDITS), result.cells
+        assert "sink_attribution" not in refused  # the default conditions skip the edits that cannot act
+
+
+def test_the_supported_architectures_page_is_generated_from_the_matrix():
+    path = pathlib.Path(__file__).parents[1] / "docs" / f"architectures-tl{tl.tl_major()}.md"
+    if f"TransformerLens {tl.tl_version()} " not in path.read_text():  # the page names the version it was made with
+        pytest.skip(f"{path.name} was made with another TransformerLens than {tl.tl_version()}: write it again with `python -m tests.architecture_matrix`")
+    table = [_DONE.get(row) or run_row(row) for row in rows()]
+    assert path.read_text() == page(table), f"{path.name} is stale: write it again with `python -m tests.architecture_matrix`"
+
+
+def test_the_matrix_has_a_column_per_public_function():
+    import lens_bias
+    from lens_bias.hooks.base import INTERVENTIONS
+
+    columns = set(CELLS)
+    assert {f"section {s}" for s in lens_bias.SECTIONS} <= columns
+    assert {f"intervention {name}" for name in INTERVENTIONS} - {"intervention Compose", "intervention RemoveWeights"} <= columns
