@@ -122,7 +122,8 @@ class Analysis:
             hooks = sorted({p.hook for p in self.probes(adapter).values()})
         except LensBiasError as err:
             return str(err)
-        missing = [h for h in hooks if not adapter.has_hook(h)]
+        available = adapter.model.hook_dict  # a bridge builds it anew on every access: read it once
+        missing = [h for h in hooks if h not in available]
         if missing:
             more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
             return f"{self.name} reads {missing[0]}{more}, which this {adapter.info.architecture or adapter.info.family} model does not have"

@@ -179,7 +179,7 @@ def test_an_analysis_is_one_file(extensions, tmp_path):
     assert list(lens_bias.analyze(model, inputs=tokens, progress=False).sections)[-1] == "resid_norm"
     attn_only = shared_tiny("gpt2", attn_only=True)
     assert "resid_norm" not in lens_bias.analyze(attn_only, inputs=tokens, progress=False).sections
-    with pytest.raises(LensBiasError, match="do not apply to this attention-only"):
+    with pytest.raises(LensBiasError, match="cannot run on this model: resid_norm does not apply to this attention-only"):
         lens_bias.analyze(attn_only, inputs=tokens, sections=["resid_norm"], progress=False)
 
 

@@ -509,34 +509,42 @@ class ModelAdapter:
             acting = _EDITS_ACT.setdefault(self.model, set())
         except TypeError:  # a model that cannot be weakly referenced is checked every time
             acting = set()
+        todo = sorted(set(names) - acting)
+        if not todo:
+            return
+        # One pass for every hook: row 0 runs unedited, row i + 1 is perturbed at hook i alone (sequences of a
+        # batch do not interact), so row i + 1's logits differ from row 0's exactly when an edit at hook i acts.
         seq_len = min(6, self.info.n_ctx)
-        tokens = torch.randint(0, self.info.d_vocab, (1, seq_len), generator=torch.Generator().manual_seed(0)).to(self.device)
-        plain: Tensor | None = None
-        for name in sorted(set(names) - acting):
-            fired: list[bool] = []
+        row = torch.randint(0, self.info.d_vocab, (1, seq_len), generator=torch.Generator().manual_seed(0))
+        tokens = row.expand(len(todo) + 1, seq_len).to(self.device)
+        fired: set[str] = set()
 
-            def perturb(x: Tensor, hook: Any) -> Tensor | None:
-                fired.append(True)
+        def perturb(i: int, name: str) -> HookFn:
+            def hook_fn(x: Tensor, hook: Any) -> Tensor | None:
+                fired.add(name)
                 if not x.is_floating_point():
                     return None
-                g = torch.Generator(device=x.device).manual_seed(1)
-                finite = x[torch.isfinite(x)]
+                g = torch.Generator(device=x.device).manual_seed(i)
+                one = x[i + 1]
+                finite = one[torch.isfinite(one)]
                 size = float(finite.abs().mean()) + 1e-3 if finite.numel() else 1.0
-                factor = 0.5 + torch.rand(x.shape, generator=g, device=x.device, dtype=x.dtype)
-                return x * factor + 0.1 * size * torch.randn(x.shape, generator=g, device=x.device, dtype=x.dtype)
+                factor = 0.5 + torch.rand(one.shape, generator=g, device=x.device, dtype=x.dtype)
+                x = x.clone()
+                x[i + 1] = one * factor + 0.1 * size * torch.randn(one.shape, generator=g, device=x.device, dtype=x.dtype)
+                return x
 
-            with torch.inference_mode():
-                if plain is None:
-                    plain = self.model(tokens).float()
-                with self.model.hooks(fwd_hooks=[(name, perturb)]):
-                    edited = self.model(tokens).float()
-            if not fired:
+            return hook_fn
+
+        with torch.inference_mode(), self.model.hooks(fwd_hooks=[(name, perturb(i, name)) for i, name in enumerate(todo)]):
+            logits = self.model(tokens).float()
+        scale = 1.0 + float(logits[0].abs().max())
+        for i, name in enumerate(todo):
+            if name not in fired:
                 raise LensBiasError(
                     f"hook {name} never fired in a forward pass of this {type(self.model).__name__}: it is not on the model's computation "
                     "path, so an edit there would have no effect"
                 )
-            gap = float((edited - plain).abs().max())
-            if not gap > 1e-6 * (1.0 + float(plain.abs().max())):
+            if not float((logits[i + 1] - logits[0]).abs().max()) > 1e-4 * scale:
                 raise LensBiasError(
                     f"an edit at {name} does not change this {self.info.architecture or type(self.model).__name__}'s output: TransformerLens "
                     f"{self.info.tl_version} exposes that hook as a copy the model does not read back, so the edit cannot act on this architecture"

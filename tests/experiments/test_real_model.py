@@ -31,6 +31,24 @@ def test_logits_equal_the_hugging_face_model(smollm2, smollm2_hf):
     assert type(smollm2).__name__ == ("TransformerBridge" if BACKEND == "bridge" else "HookedTransformer")
 
 
+def test_readouts_are_the_models_own(smollm2, smollm2_hf):
+    """Token preference, the fingerprint's features and the readout all read what the model unembeds (after the final
+    RMSNorm's gain), equal to plain transformers; before the gain the norm is √576 = 24 on every sequence."""
+    hf, tokenizer = smollm2_hf
+    tokens = text_tokens(tokenizer, 8, 32, seed=11)
+    report = lens_bias.analyze(smollm2, inputs=tokens, sections=["token_preference"], progress=False)
+    fp = lens_bias.fingerprint(smollm2, inputs=tokens, progress=False)
+    with torch.no_grad():
+        out = hf(tokens, output_hidden_states=True)
+    p_bar = out.logits[:, -1].double().softmax(-1).mean(0)
+    assert (report.token_preference.p_bar - p_bar).abs().max().item() < 1e-5
+    assert torch.equal(report.token_preference.argmax_counts, torch.bincount(out.logits[:, -1].argmax(-1), minlength=p_bar.numel()))
+    last_hidden = out.hidden_states[-1][:, -1]  # Hugging Face's last_hidden_state: after the final norm and its gain
+    assert (fp.features - last_hidden).abs().max().item() < 1e-3 * last_hidden.abs().max().item()
+    assert (lens_bias.ModelAdapter(smollm2).unembed(fp.features) - out.logits[:, -1]).abs().max().item() < 1e-3
+    assert torch.allclose(fp.normalized.norm(dim=-1), torch.full((8,), 24.0), rtol=1e-3)
+
+
 def test_gqa_conversion_on_a_small_llama():
     from transformers import LlamaConfig, LlamaForCausalLM
 
