@@ -251,6 +251,9 @@ def run_row(row: str) -> Row:
             model = build(row)
         except LensBiasError as err:
             return Row(row, {}, _one_line(err))
+        w_out = getattr(getattr(model.blocks[0], "mlp", None), "W_out", None)
+        if isinstance(w_out, torch.Tensor):  # facts from the weights, not the config (TL 4.3's OPT cfg.d_mlp is twice W_out's)
+            assert lens_bias.ModelAdapter(model).info.d_mlp == w_out.shape[0], (row, w_out.shape)
         weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
         with torch.no_grad():
             model(TOKENS[:1])  # TL 4 bridges wire their own capture hooks on the first forward

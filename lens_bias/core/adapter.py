@@ -309,6 +309,17 @@ def _architecture(model: Any, cfg: Any) -> str | None:
     return getattr(cfg, "original_architecture", None) or getattr(cfg, "architecture", None)
 
 
+def _d_mlp(model: Any, configured: int | None) -> int | None:
+    """The MLP width read from the first block's ``W_out`` ([d_mlp, d_model]), not the config: TL 4.3's OPT bridge
+    reports cfg.d_mlp 256 for a W_out of 128 × 64. Its shape only, so an offloaded (meta) weight is never loaded.
+    The config's value where the MLP exposes no ``W_out`` (a mixture of experts)."""
+    blocks = getattr(model, "blocks", None)
+    try:
+        return int(blocks[0].mlp.W_out.shape[0])
+    except Exception:  # noqa: BLE001 - no blocks, no MLP, or an MLP without a single W_out
+        return configured
+
+
 def _experts(model: Any, cfg: Any) -> int | None:
     """Experts per MLP of a mixture-of-experts model (its TL or Hugging Face config), else None."""
     hf_cfg = getattr(getattr(model, "original_model", None), "config", None)
@@ -365,7 +376,7 @@ class ModelAdapter:
             d_model=d_model,
             n_heads=n_heads,
             d_head=int(getattr(cfg, "d_head", 0) or d_model // n_heads),
-            d_mlp=None if getattr(cfg, "attn_only", False) else getattr(cfg, "d_mlp", None),
+            d_mlp=None if getattr(cfg, "attn_only", False) else _d_mlp(model, getattr(cfg, "d_mlp", None)),
             d_vocab=int(cfg.d_vocab),
             n_ctx=int(cfg.n_ctx),
             act_fn=getattr(cfg, "act_fn", None),

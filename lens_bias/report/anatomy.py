@@ -14,15 +14,19 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import pandas as pd
+import torch
 
 from lens_bias.analyses.base import Result
 from lens_bias.core.figures import new_figure
 from lens_bias.core.serialise import Serialisable
 
-__all__ = ["SinkAnatomy", "anatomy_of", "SINK_LAYER_RATE"]
+__all__ = ["SinkAnatomy", "anatomy_of", "SINK_LAYER_RATE", "SPIKE"]
 
 # A layer sinks when at least this share of its (sequence, head) pairs put more than ε of their attention on token 0.
 SINK_LAYER_RATE = 50.0
+# Yu et al.'s detector (LLMSuperWeight's analyze.py): a layer spikes when the largest |value| entering and leaving its
+# down-projection both exceed this; only a spiking layer's candidate is named a super weight.
+SPIKE = 50.0
 
 
 @dataclass
@@ -37,22 +41,31 @@ class SinkAnatomy(Serialisable):
     massive_value: float  # mean |h_0| of the first massive dim, at its peak over the block outputs
     massive_median: float  # the median |h| of that block output
     onset_layer: int | None  # where the massive activation appears (None: none by Sun et al.'s rule)
-    super_weights: list[dict[str, Any]] = field(default_factory=list)  # top candidates: layer, row, col, weight, share
-    super_neuron: dict[str, Any] = field(default_factory=dict)  # the unit writing most into the massive dim
+    # top candidates in spiking layers (Yu et al.'s rule, SPIKE): layer, row, col, weight, share; empty when none spikes
+    super_weights: list[dict[str, Any]] = field(default_factory=list)
+    # the unit writing most into the massive dim; empty when no dim is massive by Sun et al.'s rule
+    super_neuron: dict[str, Any] = field(default_factory=dict)
     disparity: float = float("nan")  # max over layers of max/mean |x_0| after the pre-attention norm
     disparity_layer: int = 0
     disparity_elsewhere: float = float("nan")  # the same at the other positions
     chain: list[dict[str, Any]] = field(default_factory=list)  # sink_attribution's verdicts per link, when run
+    largest_spike: float = float("nan")  # max over layers of the smaller of the down-projection's input and output spikes
 
     def to_pandas(self) -> pd.DataFrame:
         weight = self.super_weights[0] if self.super_weights else {}
+        massive = self.onset_layer is not None
         rows = [
-            ("super weight", f"layers[{weight.get('layer')}].mlp.down_proj.weight[{weight.get('row')}, {weight.get('col')}]" if weight else "—",
-             f"writes {weight['share']:.0%} of the layer's output spike" if weight else ""),
-            ("super neuron", f"layer {self.super_neuron.get('layer')} unit {self.super_neuron.get('unit')}" if self.super_neuron else "—",
+            ("super weight", f"layers[{weight.get('layer')}].mlp.down_proj.weight[{weight.get('row')}, {weight.get('col')}]" if weight
+             else "none found by Yu et al.'s spike rule",
+             f"writes {weight['share']:.0%} of the layer's output spike" if weight
+             else f"largest down-projection spike {self.largest_spike:.3g} (a spike exceeds {SPIKE:g} in and out)"),
+            ("super neuron", f"layer {self.super_neuron.get('layer')} unit {self.super_neuron.get('unit')}" if self.super_neuron
+             else "none found: no massive dim to write into",
              f"writes {self.super_neuron['writes']:.4g} into dim {self.massive_dims[0]}" if self.super_neuron else ""),
-            ("massive dims", f"{self.massive_dims} at position 0", f"|h| {self.massive_value:.4g} vs median {self.massive_median:.3g}"
-             + (f", from layer {self.onset_layer}" if self.onset_layer is not None else ", none massive by Sun et al.'s rule")),
+            ("massive dims", f"{self.massive_dims} at position 0" if massive else "none found by Sun et al.'s rule",
+             f"|h| {self.massive_value:.4g} vs median {self.massive_median:.3g}, from layer {self.onset_layer}" if massive
+             else f"largest |h_0| {self.massive_value:.4g} (dim {self.massive_dims[0]}) vs median {self.massive_median:.3g}; "
+                  "massive needs > 100 and ≥ 1000× the median"),
             ("disparity", f"max/mean |x_0| {self.disparity:.3g} (layer {self.disparity_layer})", f"other positions up to {self.disparity_elsewhere:.3g}"),
             ("sink", f"Sink_0 {self.sink_rate:.1f}% at ε {self.eps}", f"layers {_ranges(self.sink_layers) or 'none'} sink (≥ {SINK_LAYER_RATE:.0f}%)"),
         ]
@@ -78,7 +91,7 @@ class SinkAnatomy(Serialisable):
     def headline(self) -> dict[str, Any]:
         weight = self.super_weights[0] if self.super_weights else {}
         return {
-            "sink_rate": self.sink_rate, "sink_layers": _ranges(self.sink_layers), "massive_dims": self.massive_dims,
+            "sink_rate": self.sink_rate, "sink_layers": _ranges(self.sink_layers), "massive_dims": self.massive_dims if self.onset_layer is not None else [],
             "massive_value": self.massive_value, "onset_layer": self.onset_layer,
             "super_weight": f"L{weight['layer']}[{weight['row']}, {weight['col']}]" if weight else None,
             "super_weight_share": weight.get("share"), "disparity": self.disparity,
@@ -147,16 +160,20 @@ def anatomy_of(sections: Mapping[str, Result]) -> SinkAnatomy | None:
     peak = int(value_by_layer.argmax())
     top_layer, top_unit = neurons.ranked_units(1)[0]  # type: ignore[attr-defined]
     h = neurons.headline()
-    candidates = []
+    candidates, largest_spike = [], float("nan")
     if weights is not None:
+        spikes = torch.minimum(weights.input_max, weights.output_max)  # type: ignore[attr-defined]
+        largest_spike = spikes.max().item()
         for layer, row, col in weights.coordinates():  # type: ignore[attr-defined]
-            candidates.append({"layer": layer, "row": row, "col": col, "weight": weights.weight[layer].item(), "share": weights.share[layer].item()})  # type: ignore[attr-defined]
+            if spikes[layer] > SPIKE:  # Yu et al.'s rule: only a spiking layer has a super weight
+                candidates.append({"layer": layer, "row": row, "col": col, "weight": weights.weight[layer].item(), "share": weights.share[layer].item()})  # type: ignore[attr-defined]
     return SinkAnatomy(
         sink_rate=sinks.rate()[0].item(), sink_layers=[i for i, r in enumerate(per_layer.tolist()) if r >= SINK_LAYER_RATE],  # type: ignore[attr-defined]
         first_token_share=sinks.share(0).mean().item(), eps=sinks.eps,  # type: ignore[attr-defined]
         massive_dims=[int(d) for d in dims], massive_value=value_by_layer[peak].item(), massive_median=neurons.massive_median[peak].item(),  # type: ignore[attr-defined]
-        onset_layer=onset, super_weights=candidates,
-        super_neuron={"layer": top_layer, "unit": top_unit, "writes": h["top_unit_writes"], "share": h["top_unit_share"], "act": h["top_unit_act"]},
+        onset_layer=onset, super_weights=candidates, largest_spike=largest_spike,
+        super_neuron={"layer": top_layer, "unit": top_unit, "writes": h["top_unit_writes"], "share": h["top_unit_share"], "act": h["top_unit_act"]}
+        if onset is not None else {},
         disparity=h["dominance_at_max"], disparity_layer=h["dominance_at_argmax"], disparity_elsewhere=h["dominance_elsewhere_max"],
         chain=attribution.chain().to_dict(orient="records") if attribution is not None else [],  # type: ignore[attr-defined]
     )

@@ -137,10 +137,15 @@ def test_the_anatomy_reads_the_sections_it_names():
     anatomy = report.anatomy()
     sinks, neurons, weights = report.sinks, report.super_neurons, report.super_weights
     assert anatomy.sink_rate == pytest.approx(sinks.rate()[0].item())
-    assert anatomy.massive_dims == [neurons.massive_dim]  # no activation is massive at init: the largest dim
+    assert anatomy.massive_dims == [neurons.massive_dim]  # no activation is massive at init: the largest dim, named as such
     assert anatomy.massive_value == pytest.approx(neurons.resid_at[:, neurons.massive_dim].max().item())
-    layer, row, col = weights.coordinates()[0]
-    assert anatomy.super_weights[0] == {"layer": layer, "row": row, "col": col, "weight": weights.weight[layer].item(), "share": weights.share[layer].item()}
+    # nothing passes the papers' rules at init: no claim, only the largest value seen
+    spike = torch.minimum(weights.input_max, weights.output_max).max().item()
+    assert spike < 50 and anatomy.largest_spike == pytest.approx(spike) and anatomy.super_weights == [] and anatomy.super_neuron == {}
+    table = anatomy.to_pandas().set_index("link")
+    assert table.loc["super weight", "where"] == "none found by Yu et al.'s spike rule" and f"{spike:.3g}" in table.loc["super weight", "measured"]
+    assert table.loc["massive dims", "where"] == "none found by Sun et al.'s rule" and anatomy.headline()["massive_dims"] == []
+    assert table.loc["super neuron", "where"] == "none found: no massive dim to write into"
     assert anatomy.disparity == pytest.approx(neurons.dominance_at.max().item()) and anatomy.chain == []
     assert type(anatomy).from_dict(json.loads(json.dumps(anatomy.to_dict()))) == anatomy
     assert lens_bias.analyze(model, n_sequences=8, seq_len=8, sections=["sinks"], progress=False).anatomy() is None
