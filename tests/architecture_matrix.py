@@ -292,10 +292,11 @@ PAGE_HEAD = """# Supported architectures
 Generated from the architecture matrix (`tests/architecture_matrix.py`, run in CI by `tests/test_architectures.py`;
 write this page again with `python -m tests.architecture_matrix`). Each row is a tiny random model of the architecture
 (d 64, 2 layers, 4 heads, vocabulary 512) with its norms' gains and biases drawn away from 1 and 0, as training leaves
-them. Each cell ran the function: ✓ is a result checked against the model's own computation (token preference equals
-the mean softmax of the model's logits; a fingerprint's features unembed to the model's logits; an intervention
-changes the logits; no NaN), ✗ is a refusal in one line, whose reason is listed under the table. After every cell the
-model's weights are bit-identical and its hooks are as before.
+them. Columns: `analyze()` with its defaults, then `analyze(sections=[...])` for each section alone, then the other
+functions, then each intervention inside `intervene`. Each cell ran it: ✓ is a result checked against the model's own
+computation (token preference equals the mean softmax of the model's logits; a fingerprint's features unembed to the
+model's logits; an intervention changes the logits; no NaN), ✗ is a refusal in one line, whose reason is listed under
+the table. After every cell the model's weights are bit-identical and its hooks are as before.
 
 """
 
@@ -304,7 +305,7 @@ def render(table: list[Row], title: str) -> str:
     """One Markdown section: a table of ✓/✗ and the refusals, numbered."""
     columns = list(CELLS)
     reasons: dict[str, int] = {}
-    lines = [f"## {title}", "", "| architecture | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    lines = [f"## {title}", "", "| architecture | " + " | ".join(map(_header, columns)) + " |", "|---" * (len(columns) + 1) + "|"]
     for row in table:
         name = row.row.split(":", 1)[1]
         if row.refused is not None:
@@ -322,6 +323,12 @@ def render(table: list[Row], title: str) -> str:
         lines.append(f"| {name} | " + " | ".join(marks) + " |")
     lines += ["", "Refusals:", ""] + [f"{number}. {reason}" for reason, number in reasons.items()] + [""]
     return "\n".join(lines)
+
+
+def _header(column: str) -> str:
+    """A column's heading: a section of ``analyze`` by its name, a function with ``()``, an intervention by its class."""
+    kind, _, name = column.partition(" ")
+    return name if kind in ("section", "intervention") else f"`{column}()`"
 
 
 def _generic(reason: str) -> str:
