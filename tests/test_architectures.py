@@ -20,7 +20,7 @@ _DONE: dict[str, Row] = {}
 ALWAYS = ("analyze", "section token_preference", "section contraction", "fingerprint", "compare", "ablate", "intervention ZeroSublayer",
           "intervention HeadwiseRMSNorm")
 # Rows whose every cell must be a result: the attention edits act there (hook_pattern is live).
-COMPLETE = ("hf:gpt2", "hf:gpt_bigcode") if tl.tl_major() >= 4 else ("tl3:gpt2 (LN, learned positions)", "tl3:alibi")
+COMPLETE = ("hf:gpt2", "hf:gpt_bigcode") if tl.tl_major() >= 4 else ("tl3:gpt2 (LN, learned positions)", "tl3:shortformer")
 # Architectures TL 4.3 bridges with a read-only hook_pattern: every attention edit must be refused, never accepted.
 READ_ONLY_PATTERN = ("hf:gptj", "hf:gpt_neo", "hf:opt")
 ATTENTION_EDITS = ("intervention MaskToSelf", "intervention UniformAttention", "intervention SelfOnlyAttention")
