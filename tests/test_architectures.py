@@ -57,3 +57,27 @@ def test_the_matrix_has_a_column_per_public_function():
     columns = set(CELLS)
     assert {f"section {s}" for s in lens_bias.SECTIONS} <= columns
     assert {f"intervention {name}" for name in INTERVENTIONS} - {"intervention Compose", "intervention RemoveWeights"} <= columns
+
+
+@pytest.mark.skipif(tl.tl_major() < 4, reason="Hugging Face heads that scale their logits are bridged on TL 4")
+@pytest.mark.parametrize("model_type, scaling", [("cohere", {"logit_scale": 0.3}), ("granite", {"logits_scaling": 8.0}),
+                                                 ("gemma2", {"final_logit_softcapping": 3.0})])
+def test_token_preference_reads_heads_that_scale_their_logits(model_type, scaling):
+    """Cohere multiplies its logits, Granite divides them (8 in real checkpoints), Gemma 2 soft-caps them."""
+    import torch
+
+    import lens_bias
+
+    from .architecture_matrix import tiny_hf
+
+    hf = tiny_hf(model_type)
+    for key, value in scaling.items():
+        setattr(hf.config, key, value)
+    if hasattr(hf, "logit_scale"):  # Cohere copies the config's value onto the model
+        hf.logit_scale = scaling["logit_scale"]
+    model = lens_bias.from_hf(hf)
+    tokens = lens_bias.random_tokens(16, 8, 512, seed=2)
+    p_bar = lens_bias.analyze(model, inputs=tokens, sections=["token_preference"], progress=False).token_preference.p_bar
+    with torch.no_grad():
+        own = model(tokens)[:, -1].double().softmax(-1).mean(0)
+    assert (p_bar - own).abs().max().item() < 1e-6

@@ -47,7 +47,7 @@ ROLE_ATTRIBUTE = "_lens_bias_role"
 READS = "reads"
 # Per model: the hooks where an edit was seen to change the logits (lens_bias.core.adapter.ModelAdapter.check_edits_act).
 _EDITS_ACT: "weakref.WeakKeyDictionary[Any, set[str]]" = weakref.WeakKeyDictionary()
-# The readout check's answer per model (True once unembed(readout) matched the model's own logits).
+# Per model: the (dtype, device) at which unembed(readout) was seen to equal the model's own logits.
 _READOUT_CHECKED: "weakref.WeakKeyDictionary[Any, tuple[str, str]]" = weakref.WeakKeyDictionary()
 # The attribute lens_bias.models records a model's regime in ("init" or "trained").
 REGIME_ATTRIBUTE = "lens_bias_regime"
@@ -456,7 +456,8 @@ class ModelAdapter:
         Gemma 2/3's final soft cap (TL's ``output_logits_soft_cap`` or the Hugging Face config's)."""
         hf = getattr(self.model, "original_model", None)
         hf_cfg = getattr(hf, "config", None)
-        scale = float(getattr(hf, "logit_scale", None) or 1.0) if hf is not None and not isinstance(getattr(hf, "logit_scale", None), torch.nn.Module) else 1.0
+        scale = getattr(hf, "logit_scale", None)  # Cohere keeps the config's float on the model
+        scale = float(scale) if isinstance(scale, (int, float)) and not isinstance(scale, bool) else 1.0
         divide = float(getattr(hf_cfg, "logits_scaling", None) or 1.0)
         cap = float(getattr(self.model.cfg, "output_logits_soft_cap", -1.0) or -1.0)
         if cap <= 0:
