@@ -13,8 +13,8 @@ import contextlib
 import dataclasses
 import functools
 import io
-import multiprocessing
 import os
+import signal
 import time
 from unittest import mock
 
@@ -143,6 +143,10 @@ ON_SMOLLM2 = {"descendants", "real-model"}
 SECONDS = 20  # a stage of a run that lasts this long must be showing a progress bar of known total
 
 
+class _OutOfTime(BaseException):  # not an Exception: no library handler may swallow it
+    pass
+
+
 def _fields(names) -> list[tuple[str, str, str]]:
     """(experiment, its smallest preset, an integer field of that preset's config)."""
     out = []
@@ -154,65 +158,50 @@ def _fields(names) -> list[tuple[str, str, str]]:
     return out
 
 
-def _child(argv: list[str], conn) -> None:
-    """Run ``main(argv)`` in a forked child, planned against 64 MiB, telling the parent over ``conn`` when a progress
-    bar of known total opens, and how the run ended."""
-    code, out, err = 1, io.StringIO(), io.StringIO()
-    original_init = tqdm.std.tqdm.__init__
+def _run_experiment(argv: list[str]) -> str:
+    """``main(argv)`` planned against 64 MiB: "result", "refused" (checked to be one line) or "bar" (a progress bar of
+    known total open at a check, once a second, before ``SECONDS``: the run is stopped there, as a user would stop it).
+    A run with no bar open at any check for ``SECONDS`` fails."""
+    bars = []
+    original = tqdm.std.tqdm.__init__
 
     def init(self, *args, **kwargs):
-        original_init(self, *args, **kwargs)
+        original(self, *args, **kwargs)
         if not self.disable and self.total is not None:
-            conn.send(("bar",))
+            bars.append(self)
 
+    def showing() -> bool:
+        return any(not bar.disable for bar in bars)  # tqdm disables a bar when it closes
+
+    started, stopped_at_bar = time.monotonic(), []
+
+    def check(signum, frame):
+        if showing() or time.monotonic() - started >= SECONDS:
+            stopped_at_bar.append(showing())  # read now: the bar closes as the stop unwinds through its loop
+            raise _OutOfTime
+
+    out, err = io.StringIO(), io.StringIO()
+    previous = signal.signal(signal.SIGALRM, check)
+    signal.setitimer(signal.ITIMER_REAL, 1.0, 1.0)
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
-                mock.patch.object(memory, "available_bytes", lambda device=None: 64 * 2**20), \
-                mock.patch.object(tqdm.std.tqdm, "__init__", init):
+                mock.patch.object(memory, "available_bytes", lambda device=None: 64 * 2**20), mock.patch.object(tqdm.std.tqdm, "__init__", init):
             try:
                 code = main(argv)
+            except _OutOfTime:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                assert stopped_at_bar[0], f"{argv} ran {SECONDS} s without a progress bar of known total"
+                return "bar"
             except SystemExit as exit_:  # argparse: a value it cannot parse
                 code = exit_.code
-            except BaseException:  # noqa: BLE001 - reported to the parent as the traceback it is
-                import traceback
-
-                err.write(traceback.format_exc())
-        conn.send(("done", code, err.getvalue()[-4000:]))
     finally:
-        os._exit(0)  # never run the parent's (pytest's) exit handlers in the child
-
-
-def _run_experiment(argv: list[str]) -> str:
-    """``main(argv)`` in a forked child planned against 64 MiB: "result", "refused" (checked to be one line) or "bar"
-    (a progress bar of known total opened: the child is killed there, as a user would stop the run). A run that shows
-    no such bar for ``SECONDS`` fails.
-
-    The run is stopped from outside (the child is killed) rather than by an exception raised into it, which could
-    land anywhere, an import or a finaliser included.
-    """
-    receive, send = multiprocessing.Pipe(duplex=False)
-    child = multiprocessing.get_context("fork").Process(target=_child, args=(argv, send), daemon=True)
-    child.start()
-    send.close()
-    try:  # the first message is a bar or the end of the run
-        assert receive.poll(SECONDS), f"{argv} ran {SECONDS} s without a progress bar of known total"
-        try:
-            message = receive.recv()
-        except EOFError:  # the child died without saying how it ended
-            raise AssertionError(f"{argv}: the child process died (exit code {child.exitcode})") from None
-        if message[0] == "bar":
-            return "bar"
-    finally:
-        if child.is_alive():
-            child.kill()
-        child.join()
-        receive.close()
-    _, code, err = message
-    assert code in (0, 1, 2), (argv, err)
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert code in (0, 1, 2), (argv, err.getvalue()[-2000:])
     if code == 2:
         command = argv[0]
-        errors = [line for line in err.splitlines() if line.startswith(f"lens-bias {command}: error: ")]
-        assert len(errors) == 1 and "Traceback" not in err, err
+        errors = [line for line in err.getvalue().splitlines() if line.startswith(f"lens-bias {command}: error: ")]
+        assert len(errors) == 1 and "Traceback" not in err.getvalue(), err.getvalue()[-2000:]
         return "refused"
     return "result"
 
