@@ -93,6 +93,8 @@ class Analysis:
     # the anatomy of its sink rather than with what it was born with.
     order: ClassVar[float] = 100.0
     trained_order: ClassVar[float | None] = None
+    # True for an analysis that reads one MLP per layer: unavailable on a mixture of experts.
+    dense_mlp_only: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -115,6 +117,9 @@ class Analysis:
     def unavailable(self, adapter: ModelAdapter) -> str | None:
         """Why this analysis cannot run on the model, in one line; ``None`` when it can. ``analyze`` skips such a
         section by default and lists the reason (``BiasReport.skipped``); asked for by name, it is refused with it."""
+        if self.dense_mlp_only and adapter.info.n_experts is not None:
+            return (f"{self.name} ranks the units of one MLP per layer; this model routes each token to {adapter.info.n_experts} experts' MLPs, "
+                    "which it does not read per expert")
         if not self.applies_to(adapter.info):
             kind = "attention-only " if adapter.info.attn_only else ""
             return f"{self.name} does not apply to this {kind}{adapter.info.architecture or adapter.info.family} model"

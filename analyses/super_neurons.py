@@ -229,14 +229,10 @@ class SuperNeurons(Analysis):
         if isinstance(self.position, bool) or not isinstance(self.position, int) or self.position < 0:
             raise LensBiasError(f"position must be a non-negative int, got {self.position!r}")
 
+    dense_mlp_only = True  # ranks one MLP's units per layer, not each expert's
+
     def applies_to(self, info: ModelInfo) -> bool:
         return not info.attn_only  # no MLP units to rank
-
-    def unavailable(self, adapter: ModelAdapter) -> str | None:
-        if adapter.info.n_experts is not None:  # one MLP's units and down-projection per expert, not one per layer
-            return (f"{self.name} ranks the units of one MLP per layer; this model routes each token to {adapter.info.n_experts} experts' MLPs, "
-                    "which it does not read per expert")
-        return super().unavailable(adapter)
 
     def probes(self, adapter: ModelAdapter) -> dict[Hashable, Probe]:
         p, probes = self.position, {}

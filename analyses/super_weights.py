@@ -174,14 +174,10 @@ class SuperWeights(Analysis):
             if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "top" else 0):
                 raise LensBiasError(f"{name} must be a {'positive' if name == 'top' else 'non-negative'} int, got {value!r}")
 
+    dense_mlp_only = True  # ranks one MLP's units per layer, not each expert's
+
     def applies_to(self, info: ModelInfo) -> bool:
         return not info.attn_only  # no down-projections
-
-    def unavailable(self, adapter: ModelAdapter) -> str | None:
-        if adapter.info.n_experts is not None:  # one MLP's units and down-projection per expert, not one per layer
-            return (f"{self.name} ranks the units of one MLP per layer; this model routes each token to {adapter.info.n_experts} experts' MLPs, "
-                    "which it does not read per expert")
-        return super().unavailable(adapter)
 
     def probes(self, adapter: ModelAdapter) -> dict[Hashable, Probe]:
         probes: dict[Hashable, Probe] = {}

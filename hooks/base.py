@@ -226,7 +226,7 @@ def refusal(model: Any, interventions: Sequence[InterventionLike]) -> str | None
     in one line; ``None`` when every edit acts. What a default run skips, and says it skipped."""
     try:
         hooks = as_hooks(model, interventions)
-        ModelAdapter(model).check_edits_act(name for name, fn in hooks if getattr(fn, _ROLE, EDITS) != READS)
+        ModelAdapter(model).check_edits_act(hooks)
     except LensBiasError as err:
         return str(err)
     return None
@@ -276,7 +276,7 @@ def intervene(model: Any, *interventions: InterventionLike) -> Iterator[Any]:
     """
     fired: set[str] = set()
     hooks = as_hooks(model, interventions)
-    ModelAdapter(model).check_edits_act(name for name, fn in hooks if getattr(fn, _ROLE, EDITS) != READS)
+    ModelAdapter(model).check_edits_act(hooks)
     # Observe the start of every forward pass, so edits that never fire are told apart from no pass at all.
     started = ("blocks.0.hook_resid_pre", lambda x, hook: fired.add(_STARTED))
     with model.hooks(fwd_hooks=[started] + [(name, counting(name, fn, fired)) for name, fn in hooks]):

@@ -486,11 +486,10 @@ class ModelAdapter:
         seq_len = min(6, self.info.n_ctx)
         generator = torch.Generator().manual_seed(0)
         tokens = torch.randint(0, self.info.d_vocab, (2, seq_len), generator=generator)
-        probe = self.readout_probe()
-        readout = self.collect(tokens, [probe], progress=False, desc="readout check")[probe.key]
-        with torch.inference_mode():
-            own = self.model(tokens.to(self.device))[:, -1].float().cpu()
-        ours = self._unembed(readout).cpu()
+        probe, read = self.readout_probe(), []
+        with torch.inference_mode(), self.model.hooks(fwd_hooks=[(probe.hook, lambda x, hook: read.append(probe.fn(x)))]):
+            own = self.model(tokens.to(self.device))[:, -1].float().cpu()  # one pass gives both the readout and the logits
+        ours = self._unembed(read[0]).cpu()
         tolerance = (1e-4 if self.dtype in (torch.float32, torch.float64) else 3e-2) * (1.0 + float(own.abs().max()))
         gap = float((ours - own).abs().max())
         if not gap <= tolerance:
@@ -506,9 +505,10 @@ class ModelAdapter:
 
     # ---- edits that act ------------------------------------------------------------------------------------
 
-    def check_edits_act(self, names: Iterable[str]) -> None:
-        """Make sure an edit at each hook in ``names`` reaches the model's output: on one short sequence, a
-        perturbation there alone must change the logits. The answer is kept for the model's lifetime.
+    def check_edits_act(self, hooks: Iterable[FwdHook]) -> None:
+        """Make sure an edit at each of ``hooks`` ((name, fn) pairs) reaches the model's output: on one short
+        sequence, a perturbation there alone must change the logits. Functions marked :data:`READS` only read, so
+        they are not checked. The answer is kept for the model's lifetime.
 
         Some TransformerLens bridges expose a read-only copy (``hook_pattern`` on GPT-J, GPT-Neo and OPT): an edit
         there fires but changes nothing, and a measurement under it would report an effect the model never computed.
@@ -521,7 +521,7 @@ class ModelAdapter:
             acting = _EDITS_ACT.setdefault(self.model, set())
         except TypeError:  # a model that cannot be weakly referenced is checked every time
             acting = set()
-        todo = sorted(set(names) - acting)
+        todo = sorted({name for name, fn in hooks if getattr(fn, ROLE_ATTRIBUTE, None) != READS} - acting)
         if not todo:
             return
         # One pass for every hook: row 0 runs unedited, row i + 1 is perturbed at hook i alone (sequences of a
@@ -623,8 +623,6 @@ class ModelAdapter:
         edits = _check_hooks(hooks)
         self.require({p.hook for p in unique.values()} | {name for name, _ in edits}, "this analysis")
         is_embedding = not (isinstance(inputs, RandomTokens) or (isinstance(inputs, Tensor) and inputs.ndim == 2))
-        # Edits, the embedding replacement included, must reach the output; hooks that only read need not.
-        self.check_edits_act([name for name, fn in edits if getattr(fn, ROLE_ATTRIBUTE, None) != READS] + (["hook_embed"] if is_embedding else []))
         n, seq_len = inputs.shape[0], inputs.shape[1]
         if n < 1:
             raise LensBiasError("the inputs hold no sequences; pass at least one")
@@ -667,6 +665,8 @@ class ModelAdapter:
 
         # Order: the embedding replacement first, interventions next, probes last, so a probe on the same hook
         # point as an intervention reads the edited activation.
+        # Edits, the embedding replacement included, must reach the output; hooks that only read need not.
+        self.check_edits_act(edits + ([("hook_embed", replace_embedding)] if is_embedding else []))
         fwd_hooks: list[FwdHook] = []
         if is_embedding:
             fwd_hooks.append(("hook_embed", replace_embedding))
