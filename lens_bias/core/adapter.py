@@ -42,9 +42,11 @@ NORMALIZED = "ln_final.hook_normalized"
 """The final norm's output *before* its gain: not what the model unembeds (see :meth:`ModelAdapter.readout_probe`);
 kept where a reading must not depend on the gain (SeedPrint's aligned modes)."""
 # What a hook function does with its activation, for the composition check (lens_bias.hooks.base) and the check
-# that edits act: a function marked READS only reads it, so it need not reach the output.
+# that edits act.
 ROLE_ATTRIBUTE = "_lens_bias_role"
 READS = "reads"
+"""The role of a hook function that only reads its activation: it need not reach the output, so
+:meth:`ModelAdapter.check_edits_act` does not check it."""
 # Per model: the hooks where an edit was seen to change the logits (lens_bias.core.adapter.ModelAdapter.check_edits_act).
 _EDITS_ACT: "weakref.WeakKeyDictionary[Any, set[str]]" = weakref.WeakKeyDictionary()
 # Per model: the (dtype, device) at which unembed(readout) was seen to equal the model's own logits.
