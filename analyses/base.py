@@ -118,8 +118,8 @@ class Analysis:
         """Why this analysis cannot run on the model, in one line; ``None`` when it can. ``analyze`` skips such a
         section by default and lists the reason (``BiasReport.skipped``); asked for by name, it is refused with it."""
         if self.dense_mlp_only and adapter.info.n_experts is not None:
-            return (f"{self.name} ranks the units of one MLP per layer; this model routes each token to {adapter.info.n_experts} experts' MLPs, "
-                    "which it does not read per expert")
+            return (f"{self.name} ranks the units of one MLP per layer; this model routes each token to {adapter.info.n_experts} experts' MLPs "
+                    "(super_experts reads them per expert)")
         if not self.applies_to(adapter.info):
             kind = "attention-only " if adapter.info.attn_only else ""
             return f"{self.name} does not apply to this {kind}{adapter.info.architecture or adapter.info.family} model"

@@ -36,9 +36,13 @@ from lens_bias.core.offload import read_weight
 from lens_bias.hooks import RemoveWeight, RemoveWeights
 from lens_bias.hooks.base import InterventionLike
 
-__all__ = ["super_weights", "SuperWeightsResult", "super_weight_table"]
+__all__ = ["super_weights", "SuperWeightsResult", "super_weight_table", "SPIKE"]
 
 logger = logging.getLogger(__name__)
+
+# Yu et al.'s detector (LLMSuperWeight's analyze.py): a layer spikes when the largest |value| entering and leaving its
+# down-projection both exceed this; only a spiking layer's candidate is named a super weight.
+SPIKE = 50.0
 
 
 def _at(x: Tensor, position: int) -> Tensor:

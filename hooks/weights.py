@@ -7,6 +7,11 @@ contribution to the MLP output is ``W_out[col, row] · a_col``; the hooks read `
 which is exactly the output of the same MLP with that one weight zeroed (biases untouched). Both hook points are
 live on TL 3 and on TL 4 bridges; tests compare against a copy of the model with the weights really zeroed.
 
+In a mixture of experts, ``RemoveWeight(expert=e)`` names expert e's ``down_proj[e]`` weight ``[row, col]``: the hooks
+read the block's input at ``blocks.{l}.mlp.hook_in``, ask the block's own router which tokens went to e and at
+what weight, run e's own expert code on those tokens (:mod:`lens_bias.core.experts`) and subtract router weight ×
+unit × weight from dimension ``row`` at ``blocks.{l}.hook_mlp_out``.
+
 The weight is read at every forward pass, so the edit follows a model that is being trained (and the removed
 weight then receives no gradient through the MLP output). Other edits of ``mlp.hook_post`` go *before* this one
 (composing refuses them after it): the captured activation is the one at the moment its hook runs.
@@ -23,6 +28,7 @@ from torch import Tensor
 
 from lens_bias.core.adapter import FwdHook, ModelAdapter
 from lens_bias.core.errors import LensBiasError
+from lens_bias.core.experts import expert_activations, moe_layer, route
 from lens_bias.core.offload import read_weight
 from lens_bias.hooks.base import Intervention, reads
 
@@ -89,25 +95,66 @@ def _layer_hooks(mlp: Any, layer: int, rows: Tensor, cols: Tensor, owner: str) -
     return [(f"blocks.{layer}.mlp.hook_post", capture), (f"blocks.{layer}.hook_mlp_out", subtract)]
 
 
+def _expert_hooks(model: Any, layer: int, expert: int, row: int, col: int, owner: str) -> list[FwdHook]:
+    """Capture the MoE block's input; subtract what expert ``expert``'s weight ``[row, col]`` wrote for its tokens."""
+    moe = moe_layer(model, layer, owner)
+    d_model, d_unit = moe.down_weight(0).shape
+    if expert >= moe.n_experts or row >= d_model or col >= d_unit:
+        raise LensBiasError(f"{owner}: weight (layer={layer}, expert={expert}, row={row}, col={col}) is outside the model "
+                            f"({moe.n_experts} experts, d_model {d_model} rows, {d_unit} units per expert)")
+    captured: dict[str, Tensor] = {}
+
+    @reads
+    def capture(x: Tensor, hook: Any) -> None:  # [batch, pos, d_model]: the block's input
+        captured["x"] = x
+
+    def subtract(out: Tensor, hook: Any) -> Tensor:  # [batch, pos, d_model]
+        if "x" not in captured:
+            raise LensBiasError(f"{owner}: blocks.{layer}.mlp.hook_in did not fire before hook_mlp_out")
+        states = captured.pop("x").reshape(-1, out.shape[-1])
+        with torch.no_grad():
+            weights, indices = route(moe, states)
+            gate = (weights * (indices == expert)).sum(dim=-1)  # the router's weight on the expert; 0 where not routed
+            tokens = gate.nonzero().squeeze(-1)
+            units, _ = expert_activations(moe, states[tokens], expert)
+        w = moe.down_weight(expert)[row, col]  # read now: follows weights that change (training)
+        written = torch.zeros(states.shape[0], dtype=out.dtype, device=out.device)
+        written[tokens] = (gate[tokens] * units[:, col] * w).to(out.dtype)
+        return out.index_add(-1, torch.tensor([row], device=out.device), -written.view(*out.shape[:-1], 1))
+
+    hooks = [(f"blocks.{layer}.mlp.hook_in", capture), (f"blocks.{layer}.hook_mlp_out", subtract)]
+    ModelAdapter(model).require([name for name, _ in hooks], owner)
+    return hooks
+
+
 @dataclass(frozen=True)
 class RemoveWeight(Intervention):
-    """Remove one down-projection weight, HF ``layers[layer].mlp.down_proj.weight[row, col]``.
+    """Remove one down-projection weight, HF ``layers[layer].mlp.down_proj.weight[row, col]``, or in a mixture of
+    experts expert ``expert``'s ``down_proj[expert]`` weight ``[row, col]``.
 
     >>> RemoveWeight(layer=11, row=507, col=1229).to_dict()
-    {'type': 'RemoveWeight', 'layers': None, 'layer': 11, 'row': 507, 'col': 1229}
+    {'type': 'RemoveWeight', 'layers': None, 'layer': 11, 'row': 507, 'col': 1229, 'expert': None}
     """
 
     layer: int = 0
     row: int = 0
     col: int = 0
+    # The expert whose weight goes, in a mixture of experts; None for a dense MLP.
+    expert: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.layers is not None:
             raise LensBiasError("RemoveWeight names its layer: pass layer=, not layers=")
         _coordinate((self.layer, self.row, self.col), "RemoveWeight")
+        if self.expert is not None and (isinstance(self.expert, bool) or not isinstance(self.expert, int) or self.expert < 0):
+            raise LensBiasError(f"RemoveWeight: expert is a non-negative int (or None for a dense MLP), got {self.expert!r}")
 
     def fwd_hooks(self, model: Any) -> list[FwdHook]:
+        if self.expert is not None:
+            return _expert_hooks(model, self.layer, self.expert, self.row, self.col, "RemoveWeight")
+        if ModelAdapter(model).info.n_experts is not None:
+            raise LensBiasError(f"RemoveWeight: this model routes tokens to {ModelAdapter(model).info.n_experts} experts; name one with expert=")
         return _removal_hooks(model, [(self.layer, self.row, self.col)], "RemoveWeight")
 
 

@@ -188,6 +188,17 @@ def _super_weights(model: Any) -> str:
     return "ok"
 
 
+def _super_experts(model: Any) -> str:
+    result = lens_bias.super_experts(model, TOKENS)
+    assert int(result.n_routed.sum()) == len(TOKENS) * result.n_routed.shape[0] * _top_k(model), result.n_routed
+    return "ok"
+
+
+def _top_k(model: Any) -> int:
+    config = model.original_model.config
+    return next(getattr(config, k) for k in ("num_experts_per_tok", "experts_per_token", "top_k") if hasattr(config, k))
+
+
 def _massive(model: Any) -> str:
     lens_bias.massive_activations(model, TOKENS)
     return "ok"
@@ -216,7 +227,7 @@ INTERVENTION_CELLS = {
     "MaskToSelf": MaskToSelf(4), "UniformAttention": UniformAttention(), "SelfOnlyAttention": SelfOnlyAttention(),
     "AmplifyVariance": AmplifyVariance(4), "ScaleNorm": ScaleNorm(4), "HeadwiseRMSNorm": HeadwiseRMSNorm(gain=False),
     "ZeroSublayer": ZeroSublayer(), "ZeroOutputDims": ZeroOutputDims(), "SetActivations": SetActivations(values=(100.0,)),
-    "RemoveWeight": RemoveWeight(), "MeanCenterMLP": MeanCenterMLP(), "OddActivation": OddActivation(),
+    "RemoveWeight": RemoveWeight(), "RemoveWeight(expert=0)": RemoveWeight(expert=0), "MeanCenterMLP": MeanCenterMLP(), "OddActivation": OddActivation(),
     "SwapActivation": SwapActivation("tanh"), "SubtractPositionEmbedding": SubtractPositionEmbedding(),
 }
 CELLS: dict[str, Callable[[Any], str]] = {
@@ -226,6 +237,7 @@ CELLS: dict[str, Callable[[Any], str]] = {
     "compare": _compare,
     "sink_attribution": _sink_attribution,
     "super_weights": _super_weights,
+    "super_experts": _super_experts,
     "massive_activations": _massive,
     "ablate": _ablate,
     **{f"intervention {name}": _acts(iv) for name, iv in INTERVENTION_CELLS.items()},

@@ -17,16 +17,14 @@ import pandas as pd
 import torch
 
 from lens_bias.analyses.base import Result
+from lens_bias.analyses.super_weights import SPIKE
 from lens_bias.core.figures import new_figure
 from lens_bias.core.serialise import Serialisable
 
-__all__ = ["SinkAnatomy", "anatomy_of", "SINK_LAYER_RATE", "SPIKE"]
+__all__ = ["SinkAnatomy", "anatomy_of", "SINK_LAYER_RATE"]
 
 # A layer sinks when at least this share of its (sequence, head) pairs put more than ε of their attention on token 0.
 SINK_LAYER_RATE = 50.0
-# Yu et al.'s detector (LLMSuperWeight's analyze.py): a layer spikes when the largest |value| entering and leaving its
-# down-projection both exceed this; only a spiking layer's candidate is named a super weight.
-SPIKE = 50.0
 
 
 @dataclass
