@@ -40,9 +40,9 @@ __all__ = ["super_weights", "SuperWeightsResult", "super_weight_table", "SPIKE"]
 
 logger = logging.getLogger(__name__)
 
-# Yu et al.'s detector (LLMSuperWeight's analyze.py): a layer spikes when the largest |value| entering and leaving its
-# down-projection both exceed this; only a spiking layer's candidate is named a super weight.
 SPIKE = 50.0
+"""Yu et al.'s detector (LLMSuperWeight's analyze.py): a layer spikes when the largest |value| entering and leaving its
+down-projection both exceed this; only a spiking layer's candidate is named a super weight."""
 
 
 def _at(x: Tensor, position: int) -> Tensor:
