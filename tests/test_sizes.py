@@ -4,6 +4,10 @@ The memory guard plans against 64 MiB here whatever the machine has, so a count 
 at most one batch: the inputs are drawn per batch), and one that fits either finishes on the tiny models below or
 starts a progress bar with a known total of at least ``LONG`` steps (whose ETA tqdm shows); that bar is stopped at
 once, as a user would stop it.
+
+The experiments' fuzzed runs each go in a process of their own (a fork of a server that imported the library once),
+watched from this one: a bar of known total open at a check, once a second, and the process is killed; no bar for
+``SECONDS`` and the case fails. Nothing is raised into a running case.
 """
 
 from __future__ import annotations
@@ -13,9 +17,11 @@ import contextlib
 import dataclasses
 import functools
 import io
+import multiprocessing
 import os
-import signal
+import pathlib
 import time
+from typing import Any
 from unittest import mock
 
 import pytest
@@ -71,10 +77,13 @@ class _LongRun(Exception):
     """A run that fits but would take long: its progress bar started with a known total."""
 
 
-def _stop_long_bars(original):
+def _stop_long_bars(original, at_least=LONG):
+    """tqdm's ``__init__``, raising :class:`_LongRun` where a bar of known total >= ``at_least`` starts: the run is
+    stopped at that call, a defined point of the library's code."""
+
     def init(self, *args, **kwargs):
         original(self, *args, **kwargs)
-        if not self.disable and self.total is not None and self.total >= LONG:
+        if not self.disable and self.total is not None and self.total >= at_least:
             raise _LongRun(self.total)
 
     return init
@@ -143,10 +152,6 @@ ON_SMOLLM2 = {"descendants", "real-model"}
 SECONDS = 20  # a stage of a run that lasts this long must be showing a progress bar of known total
 
 
-class _OutOfTime(BaseException):  # not an Exception: no library handler may swallow it
-    pass
-
-
 def _fields(names) -> list[tuple[str, str, str]]:
     """(experiment, its smallest preset, an integer field of that preset's config)."""
     out = []
@@ -158,52 +163,82 @@ def _fields(names) -> list[tuple[str, str, str]]:
     return out
 
 
-def _run_experiment(argv: list[str]) -> str:
-    """``main(argv)`` planned against 64 MiB: "result", "refused" (checked to be one line) or "bar" (a progress bar of
-    known total open at a check, once a second, before ``SECONDS``: the run is stopped there, as a user would stop it).
-    A run with no bar open at any check for ``SECONDS`` fails."""
-    bars = []
-    original = tqdm.std.tqdm.__init__
-
-    def init(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        if not self.disable and self.total is not None:
-            bars.append(self)
-
-    def showing() -> bool:
-        return any(not bar.disable for bar in bars)  # tqdm disables a bar when it closes
-
-    started, stopped_at_bar = time.monotonic(), []
-
-    def check(signum, frame):
-        if showing() or time.monotonic() - started >= SECONDS:
-            stopped_at_bar.append(showing())  # read now: the bar closes as the stop unwinds through its loop
-            raise _OutOfTime
-
-    out, err = io.StringIO(), io.StringIO()
-    previous = signal.signal(signal.SIGALRM, check)
-    signal.setitimer(signal.ITIMER_REAL, 1.0, 1.0)
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
-                mock.patch.object(memory, "available_bytes", lambda device=None: 64 * 2**20), mock.patch.object(tqdm.std.tqdm, "__init__", init):
-            try:
-                code = main(argv)
-            except _OutOfTime:
-                signal.setitimer(signal.ITIMER_REAL, 0)
-                assert stopped_at_bar[0], f"{argv} ran {SECONDS} s without a progress bar of known total"
-                return "bar"
-            except SystemExit as exit_:  # argparse: a value it cannot parse
-                code = exit_.code
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-    assert code in (0, 1, 2), (argv, err.getvalue()[-2000:])
+def _judge(argv: list[str], code: Any, err: str) -> str:
+    """A finished run: "result" or "refused" (checked to be one line)."""
+    assert code in (0, 1, 2), (argv, err[-2000:])
     if code == 2:
-        command = argv[0]
-        errors = [line for line in err.getvalue().splitlines() if line.startswith(f"lens-bias {command}: error: ")]
-        assert len(errors) == 1 and "Traceback" not in err.getvalue(), err.getvalue()[-2000:]
+        errors = [line for line in err.splitlines() if line.startswith(f"lens-bias {argv[0]}: error: ")]
+        assert len(errors) == 1 and "Traceback" not in err, err[-2000:]
         return "refused"
     return "result"
+
+
+def _child(argv: list[str], folder: str, cache: str, events: Any) -> None:
+    """One run in a process of its own: ``main(argv)`` planned against 64 MiB, telling the parent when a progress bar
+    of known total opens and closes, and how the run ended."""
+    os.chdir(folder)
+    os.environ["LENS_BIAS_CACHE"] = cache
+    init, close = tqdm.std.tqdm.__init__, tqdm.std.tqdm.close
+
+    def opened(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        if not self.disable and self.total is not None:
+            events.send(("open", id(self)))
+
+    def closed(self):
+        events.send(("close", id(self)))
+        close(self)
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+            mock.patch.object(memory, "available_bytes", lambda device=None: 64 * 2**20), \
+            mock.patch.object(tqdm.std.tqdm, "__init__", opened), mock.patch.object(tqdm.std.tqdm, "close", closed):
+        try:
+            code = main(argv)
+        except SystemExit as exit_:  # argparse: a value it cannot parse
+            code = exit_.code
+    events.send(("done", code, err.getvalue()))
+
+
+_CONTEXT = multiprocessing.get_context("forkserver")
+# The server imports the library and what building a model imports once (a name the installed TL lacks is skipped);
+# each run is a fork of it, made before any thread of torch's has started.
+_CONTEXT.set_forkserver_preload(["lens_bias.cli", "transformer_lens.model_bridge", "transformers.modeling_utils", "torch._dynamo", "accelerate", __name__])
+
+
+def _run_experiment(argv: list[str], folder: pathlib.Path, cache: str) -> str:
+    """``main(argv)`` in a child process, planned against 64 MiB: "result", "refused" (checked to be one line) or "bar"
+    (a progress bar of known total open at a check, once a second, before ``SECONDS``: the child is then killed, as a
+    user would stop the run). A run with no bar open at any check for ``SECONDS`` fails. The run is stopped from
+    outside, never by an exception raised into it."""
+    parent, child = _CONTEXT.Pipe(duplex=False)
+    process = _CONTEXT.Process(target=_child, args=(argv, str(folder), cache, child), daemon=True)
+    process.start()
+    child.close()
+    bars: set[int] = set()
+    started = time.monotonic()
+    try:
+        while True:
+            check = time.monotonic() + 1.0
+            while (left := check - time.monotonic()) > 0 and parent.poll(left):
+                try:
+                    event_ = parent.recv()
+                except EOFError:  # the child died without saying how
+                    process.join()
+                    raise AssertionError(f"{argv}: the run's process ended with exit code {process.exitcode} and no result") from None
+                if event_[0] == "open":
+                    bars.add(event_[1])
+                elif event_[0] == "close":
+                    bars.discard(event_[1])
+                else:
+                    return _judge(argv, event_[1], event_[2])
+            if bars:
+                return "bar"
+            assert time.monotonic() - started < SECONDS, f"{argv} ran {SECONDS} s without a progress bar of known total"
+    finally:
+        process.kill()
+        process.join()
+        parent.close()
 
 
 def test_the_fuzzed_experiments_are_every_experiment():
@@ -219,8 +254,7 @@ def test_the_fuzzed_experiments_are_every_experiment():
 def test_every_experiment_size_field_on_a_tiny_model(field, value, tmp_path_factory):
     name, preset, key = field
     cache = str(tmp_path_factory.getbasetemp() / "cache")  # corpora and tokenizers, shared by the examples
-    with contextlib.chdir(tmp_path_factory.mktemp("experiment")), mock.patch.dict(os.environ, {"LENS_BIAS_CACHE": cache}):
-        event(_run_experiment([name, "--preset", preset, *ON_TINY[name], "--set", f"{key}={value}"]))
+    event(_run_experiment([name, "--preset", preset, *ON_TINY[name], "--set", f"{key}={value}"], tmp_path_factory.mktemp("experiment"), cache))
 
 
 @pytest.mark.parametrize("field", _fields(ON_SMOLLM2), ids="-".join)
@@ -231,9 +265,20 @@ def test_every_experiment_size_field_on_smollm2(field, smollm2, monkeypatch, tmp
     for module in (lens_bias.experiments.descendants, lens_bias.experiments.real_model):
         monkeypatch.setattr(module, "load_model", lambda text, **kwargs: smollm2)
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(memory, "available_bytes", lambda device=None: 64 * 2**20)
+    monkeypatch.setattr(tqdm.std.tqdm, "__init__", _stop_long_bars(tqdm.std.tqdm.__init__, at_least=1))
     name, preset, key = field
-    for value in (0, 10**12):
-        _run_experiment([name, "--preset", preset, "--set", f"{key}={value}"])
+    for value in (0, 10**12):  # the loaded model is shared, so these run here: stopped where a bar of known total starts
+        argv = [name, "--preset", preset, "--set", f"{key}={value}"]
+        err = io.StringIO()
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            try:
+                code = main(argv)
+            except _LongRun:
+                continue
+            except SystemExit as exit_:
+                code = exit_.code
+        _judge(argv, code, err.getvalue())
 
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
