@@ -26,7 +26,7 @@ from lens_bias.analyses.base import Analysis, Result, measure
 from lens_bias.analyses.super_weights import SPIKE
 from lens_bias.core.adapter import ModelAdapter, ModelInfo, Probe
 from lens_bias.core.errors import LensBiasError
-from lens_bias.core.experts import expert_activations, moe_layer, route
+from lens_bias.core.experts import expert_activations, moe_layer, moe_layers, route
 from lens_bias.core.inputs import InputSpec
 from lens_bias.hooks import RemoveWeight
 from lens_bias.hooks.base import InterventionLike
@@ -47,15 +47,16 @@ def _states_at(position: int) -> Any:
 
 @dataclass
 class SuperExpertsResult(Result):
-    """Per (layer, expert), on the sequences routed to it at the position: its down-projection's spikes and the
-    weight that joins them."""
+    """Per (MoE layer, expert), on the sequences routed to it at the position: its down-projection's spikes and the
+    weight that joins them. Row i of each tensor is layer ``layers[i]``."""
 
-    n_routed: Int[Tensor, "layer expert"]  # sequences whose token at the position went to the expert
-    input_max: Float[Tensor, "layer expert"]  # max |unit| entering the expert's down_proj (0 where none was routed)
-    input_unit: Int[Tensor, "layer expert"]  # the unit (col) holding it
-    output_max: Float[Tensor, "layer expert"]  # max |value| leaving it, before the router's weight
-    output_dim: Int[Tensor, "layer expert"]  # the residual dim (row) holding it
-    weight: Float[Tensor, "layer expert"]  # down_proj[expert][row, col]
+    layers: list[int]  # the blocks with a mixture of experts (DeepSeek-V3's first blocks are dense)
+    n_routed: Int[Tensor, "moe_layer expert"]  # sequences whose token at the position went to the expert
+    input_max: Float[Tensor, "moe_layer expert"]  # max |unit| entering the expert's down_proj (0 where none was routed)
+    input_unit: Int[Tensor, "moe_layer expert"]  # the unit (col) holding it
+    output_max: Float[Tensor, "moe_layer expert"]  # max |value| leaving it, before the router's weight
+    output_dim: Int[Tensor, "moe_layer expert"]  # the residual dim (row) holding it
+    weight: Float[Tensor, "moe_layer expert"]  # down_proj[expert][row, col]
     n_sequences: int
     top: int
     position: int = 0
@@ -63,7 +64,7 @@ class SuperExpertsResult(Result):
     heading = "Super experts"
     headline_labels = {"layer": "top candidate: layer", "expert": "expert", "row": "row (residual dim)", "col": "col (expert unit)"}
 
-    def spikes(self) -> Float[Tensor, "layer expert"]:
+    def spikes(self) -> Float[Tensor, "moe_layer expert"]:
         """Yu et al.'s score: the smaller of the input and output spike."""
         return torch.minimum(self.input_max, self.output_max)
 
@@ -71,11 +72,14 @@ class SuperExpertsResult(Result):
         """The ``top`` candidates by spike as ``(layer, expert, row, col)``, whether or not they pass the rule."""
         order = self.spikes().flatten().argsort(descending=True)[: self.top].tolist()
         n_experts = self.spikes().shape[1]
-        return [(i // n_experts, i % n_experts, int(self.output_dim.flatten()[i]), int(self.input_unit.flatten()[i])) for i in order]
+        return [(self.layers[i // n_experts], i % n_experts, int(self.output_dim.flatten()[i]), int(self.input_unit.flatten()[i])) for i in order]
 
     def found(self) -> list[tuple[int, int, int, int]]:
         """The super experts' weights: candidates whose input and output both spike above ``SPIKE``."""
-        return [c for c in self.coordinates() if self.spikes()[c[0], c[1]] > SPIKE]
+        return [c for c in self.coordinates() if self._at(self.spikes(), c) > SPIKE]
+
+    def _at(self, values: Tensor, coordinate: tuple[int, ...]) -> Tensor:
+        return values[self.layers.index(coordinate[0]), coordinate[1]]
 
     def best(self) -> RemoveWeight:
         """The intervention that removes the top candidate."""
@@ -85,16 +89,17 @@ class SuperExpertsResult(Result):
     def to_pandas(self) -> pd.DataFrame:
         """Every (layer, expert), largest spike first: sequences routed, spikes, where, the weight, whether it passes."""
         spikes = self.spikes()
-        rows = [{"layer": l, "expert": e, "n_routed": int(self.n_routed[l, e]), "row": int(self.output_dim[l, e]), "col": int(self.input_unit[l, e]),
-                 "weight": self.weight[l, e].item(), "input_spike": self.input_max[l, e].item(), "output_spike": self.output_max[l, e].item(),
-                 "spike": spikes[l, e].item(), "super": bool(spikes[l, e] > SPIKE)}
-                for l in range(spikes.shape[0]) for e in range(spikes.shape[1])]
+        rows = [{"layer": layer, "expert": e, "n_routed": int(self.n_routed[i, e]), "row": int(self.output_dim[i, e]), "col": int(self.input_unit[i, e]),
+                 "weight": self.weight[i, e].item(), "input_spike": self.input_max[i, e].item(), "output_spike": self.output_max[i, e].item(),
+                 "spike": spikes[i, e].item(), "super": bool(spikes[i, e] > SPIKE)}
+                for i, layer in enumerate(self.layers) for e in range(spikes.shape[1])]
         return pd.DataFrame(rows).sort_values("spike", ascending=False, kind="stable").reset_index(drop=True)
 
     def headline(self) -> dict[str, Any]:
-        layer, expert, row, col = self.coordinates()[0]
+        top = self.coordinates()[0]
+        layer, expert, row, col = top
         return {"n_sequences": self.n_sequences, "layer": layer, "expert": expert, "row": row, "col": col,
-                "weight": self.weight[layer, expert].item(), "spike": self.spikes()[layer, expert].item(), "n_found": len(self.found())}
+                "weight": self._at(self.weight, top).item(), "spike": self._at(self.spikes(), top).item(), "n_found": len(self.found())}
 
     def summary(self) -> str:
         h = self.headline()
@@ -131,19 +136,19 @@ class SuperExperts(Analysis):
     def unavailable(self, adapter: ModelAdapter) -> str | None:
         if adapter.info.n_experts is None:
             return f"{self.name} reads the experts of a mixture of experts; this model has one MLP per layer (see super_weights)"
-        try:
-            moe_layer(adapter.model, 0, self.name)
-        except LensBiasError as err:
-            return str(err)
+        if not moe_layers(adapter.model):
+            return (f"{self.name} reads Hugging Face sparse mixture-of-experts blocks (fused experts with a down_proj [expert, ...] and a "
+                    f"router) through a TransformerLens 4 bridge; this {type(adapter.model).__name__} has none")
         return super().unavailable(adapter)
 
     def probes(self, adapter: ModelAdapter) -> dict[Hashable, Probe]:
         return {layer: Probe(f"blocks.{layer}.mlp.hook_in", f"states@{self.position}", _states_at(self.position))
-                for layer in range(adapter.info.n_layers)}
+                for layer in moe_layers(adapter.model)}
 
     def finalize(self, adapter: ModelAdapter, kept: Mapping[Hashable, Tensor], spec: InputSpec) -> SuperExpertsResult:
         fields: dict[str, list[list[Any]]] = {k: [] for k in ("n_routed", "input_max", "input_unit", "output_max", "output_dim", "weight")}
-        for layer in range(adapter.info.n_layers):
+        layers = moe_layers(adapter.model)
+        for layer in layers:
             moe = moe_layer(adapter.model, layer, self.name)
             down = moe.experts.down_proj
             states = kept[layer].to(device=down.device, dtype=down.dtype)
@@ -170,9 +175,9 @@ class SuperExperts(Analysis):
             for k in fields:
                 fields[k].append(row[k])
         result = SuperExpertsResult(
-            n_routed=torch.tensor(fields["n_routed"]), input_max=torch.tensor(fields["input_max"]), input_unit=torch.tensor(fields["input_unit"]),
+            layers=layers, n_routed=torch.tensor(fields["n_routed"]), input_max=torch.tensor(fields["input_max"]), input_unit=torch.tensor(fields["input_unit"]),
             output_max=torch.tensor(fields["output_max"]), output_dim=torch.tensor(fields["output_dim"]), weight=torch.tensor(fields["weight"]),
-            n_sequences=spec.n, top=min(self.top, adapter.info.n_layers * len(fields["weight"][0])), position=self.position,
+            n_sequences=spec.n, top=min(self.top, len(layers) * len(fields["weight"][0])), position=self.position,
         )
         logger.info("super expert candidates: %s", result.coordinates())
         return result

@@ -28,7 +28,7 @@ from torch import Tensor
 
 from lens_bias.core.adapter import FwdHook, ModelAdapter
 from lens_bias.core.errors import LensBiasError
-from lens_bias.core.experts import expert_activations, moe_layer, route
+from lens_bias.core.experts import expert_activations, moe_layer, moe_layers, route
 from lens_bias.core.offload import read_weight
 from lens_bias.hooks.base import Intervention, reads
 
@@ -153,8 +153,9 @@ class RemoveWeight(Intervention):
     def fwd_hooks(self, model: Any) -> list[FwdHook]:
         if self.expert is not None:
             return _expert_hooks(model, self.layer, self.expert, self.row, self.col, "RemoveWeight")
-        if ModelAdapter(model).info.n_experts is not None:
-            raise LensBiasError(f"RemoveWeight: this model routes tokens to {ModelAdapter(model).info.n_experts} experts; name one with expert=")
+        if self.layer in moe_layers(model):
+            raise LensBiasError(f"RemoveWeight: block {self.layer} routes tokens to {moe_layer(model, self.layer, 'RemoveWeight').n_experts} experts; "
+                                "name one with expert=")
         return _removal_hooks(model, [(self.layer, self.row, self.col)], "RemoveWeight")
 
 

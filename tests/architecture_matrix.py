@@ -8,7 +8,6 @@ TL 4 rows are Hugging Face causal LMs built from their config (d 64, 2 layers, 4
 
 from __future__ import annotations
 
-import copy
 import inspect
 import logging
 import warnings
@@ -48,13 +47,16 @@ _SMALL = dict(
 # Per architecture: what its config needs beyond the sizes above.
 _EXTRA: dict[str, dict[str, Any]] = {
     "gpt_neo": dict(attention_types=[[["global", "local"], 1]], attention_layers=["global", "local"]),
+    # multi-head latent attention (its rotary width is head_dim) and a dense first block before the experts
+    "deepseek_v3": dict(head_dim=8, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, kv_lora_rank=16, q_lora_rank=32,
+                        n_shared_experts=1, n_group=1, topk_group=1, first_k_dense_replace=1),
 }
 # Hugging Face config names (model_type) of the TL 4 rows: the families TransformerLens 4 bridges, the MoE ones
 # included, and CodeGen, whose bridge cannot run.
 HF_ARCHITECTURES = (
     "gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi", "phi3", "bloom", "falcon",
     "stablelm", "olmo", "olmo2", "olmo3", "granite", "starcoder2", "smollm3", "gpt_bigcode", "mpt", "gptj", "gpt_neo", "opt", "cohere",
-    "codegen", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe", "gpt_oss",
+    "codegen", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe", "gpt_oss", "deepseek_v3",
 )
 # TL 3 rows: HookedTransformerConfig variants (the fields that differ from the gpt2-like base).
 TL3_VARIANTS: dict[str, dict[str, Any]] = {
@@ -78,7 +80,7 @@ def tiny_hf(model_type: str) -> Any:
 
     cls = CONFIG_MAPPING[model_type]
     params = inspect.signature(cls.__init__).parameters
-    config = cls(**{k: v for k, v in _SMALL.items() if k in params}, **_EXTRA.get(model_type, {}))
+    config = cls(**{**{k: v for k, v in _SMALL.items() if k in params}, **_EXTRA.get(model_type, {})})
     if getattr(config, "layer_types", None) is not None:
         config.layer_types = config.layer_types[:2]
     for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
@@ -227,7 +229,7 @@ INTERVENTION_CELLS = {
     "MaskToSelf": MaskToSelf(4), "UniformAttention": UniformAttention(), "SelfOnlyAttention": SelfOnlyAttention(),
     "AmplifyVariance": AmplifyVariance(4), "ScaleNorm": ScaleNorm(4), "HeadwiseRMSNorm": HeadwiseRMSNorm(gain=False),
     "ZeroSublayer": ZeroSublayer(), "ZeroOutputDims": ZeroOutputDims(), "SetActivations": SetActivations(values=(100.0,)),
-    "RemoveWeight": RemoveWeight(), "RemoveWeight(expert=0)": RemoveWeight(expert=0), "MeanCenterMLP": MeanCenterMLP(), "OddActivation": OddActivation(),
+    "RemoveWeight": RemoveWeight(), "RemoveWeight(expert=0)": RemoveWeight(layer=1, expert=0), "MeanCenterMLP": MeanCenterMLP(), "OddActivation": OddActivation(),
     "SwapActivation": SwapActivation("tanh"), "SubtractPositionEmbedding": SubtractPositionEmbedding(),
 }
 CELLS: dict[str, Callable[[Any], str]] = {

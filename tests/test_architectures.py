@@ -25,7 +25,7 @@ COMPLETE = ("hf:gpt2", "hf:gpt_bigcode") if tl.tl_major() >= 4 else ("tl3:gpt2 (
 READ_ONLY_PATTERN = ("hf:gptj", "hf:gpt_neo", "hf:opt")
 ATTENTION_EDITS = ("intervention MaskToSelf", "intervention UniformAttention", "intervention SelfOnlyAttention")
 # Mixtures of experts, whose experts are read one at a time; these cells are results there and refusals on one MLP per layer.
-MOE = ("hf:mixtral", "hf:qwen2_moe", "hf:qwen3_moe", "hf:olmoe", "hf:granitemoe", "hf:gpt_oss")
+MOE = ("hf:mixtral", "hf:qwen2_moe", "hf:qwen3_moe", "hf:olmoe", "hf:granitemoe", "hf:gpt_oss", "hf:deepseek_v3")
 PER_EXPERT = ("section super_experts", "super_experts", "intervention RemoveWeight(expert=0)")
 
 

@@ -24,7 +24,7 @@ from torch.overrides import TorchFunctionMode
 
 from lens_bias.core.errors import LensBiasError
 
-__all__ = ["MoELayer", "moe_layer", "route", "expert_activations"]
+__all__ = ["MoELayer", "moe_layer", "moe_layers", "route", "expert_activations"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,22 @@ def _unbridged(module: Any) -> Any:
     return module
 
 
+def _parts(block: Any) -> tuple[Any, Any] | None:
+    """(router, experts) of a bridged Hugging Face sparse MoE block, or None where ``block`` is not one."""
+    hf = getattr(block, "original_component", None)
+    experts = _unbridged(getattr(hf, "experts", None))
+    router = getattr(hf, "gate", None) if hasattr(hf, "gate") else getattr(hf, "router", None)
+    down = getattr(experts, "down_proj", None)
+    if not isinstance(down, Tensor) or down.ndim != 3 or router is None or not hasattr(type(experts).forward, "__wrapped__"):
+        return None
+    return router, experts
+
+
+def moe_layers(model: Any) -> list[int]:
+    """The blocks whose MLP is a sparse MoE block (DeepSeek-V3 keeps dense MLPs in its first layers)."""
+    return [layer for layer, block in enumerate(getattr(model, "blocks", [])) if _parts(getattr(block, "mlp", None)) is not None]
+
+
 def moe_layer(model: Any, layer: int, owner: str) -> MoELayer:
     """The sparse MoE block of ``model.blocks[layer]`` (a TransformerLens 4 bridge of a Hugging Face MoE model).
 
@@ -64,16 +80,14 @@ def moe_layer(model: Any, layer: int, owner: str) -> MoELayer:
         block = model.blocks[layer].mlp
     except (AttributeError, IndexError, TypeError):
         raise LensBiasError(f"{owner}: this {type(model).__name__} has no blocks[{layer}].mlp") from None
-    hf = getattr(block, "original_component", None)
-    experts = _unbridged(getattr(hf, "experts", None))
-    router = getattr(hf, "gate", None) if hasattr(hf, "gate") else getattr(hf, "router", None)
-    down = getattr(experts, "down_proj", None)
-    if not isinstance(down, Tensor) or down.ndim != 3 or router is None or not hasattr(type(experts).forward, "__wrapped__"):
+    parts = _parts(block)
+    if parts is None:
         raise LensBiasError(
             f"{owner} reads a Hugging Face sparse mixture-of-experts block (fused experts with a down_proj [expert, ...] "
             f"and a router) through a TransformerLens 4 bridge; blocks[{layer}].mlp of this {type(model).__name__} is not one"
         )
-    return MoELayer(layer=layer, router=router, experts=experts, n_experts=down.shape[0])
+    router, experts = parts
+    return MoELayer(layer=layer, router=router, experts=experts, n_experts=experts.down_proj.shape[0])
 
 
 def route(moe: MoELayer, states: Float[Tensor, "tokens d_model"]) -> tuple[Float[Tensor, "tokens k"], Int[Tensor, "tokens k"]]:

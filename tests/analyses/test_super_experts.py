@@ -9,16 +9,19 @@ import pytest
 import torch
 
 import lens_bias
+from lens_bias.core import tl
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.experts import expert_activations, moe_layer, route
-from lens_bias.hooks import RemoveWeight, Intervention
+from lens_bias.hooks import Intervention, RemoveWeight
 
 from ..architecture_matrix import tiny_hf
 
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"),
+              pytest.mark.skipif(tl.tl_major() < 4, reason="Hugging Face mixtures of experts are bridged on TransformerLens 4")]
 # The layouts of Hugging Face's fused experts: [gate; up] concatenated (Mixtral), a bridge-wrapped experts module
-# beside a shared expert (Qwen2-MoE), and transposed, interleaved, biased weights with a clamped gate (GPT-OSS).
-LAYOUTS = ("mixtral", "qwen2_moe", "gpt_oss")
+# beside a shared expert (Qwen2-MoE), transposed, interleaved, biased weights with a clamped gate (GPT-OSS), and
+# group-limited sigmoid routing after a dense first block, under multi-head latent attention (DeepSeek-V3).
+LAYOUTS = ("mixtral", "qwen2_moe", "gpt_oss", "deepseek_v3")
 TOKENS = lens_bias.random_tokens(16, 6, 512, seed=4)
 
 
@@ -126,7 +129,7 @@ def test_the_planted_weight_removed_is_the_model_without_it():
 
 def test_remove_weight_names_an_expert_exactly_where_there_are_experts():
     moe, dense = lens_bias.from_hf(tiny_hf("mixtral")), lens_bias.from_hf(tiny_hf("llama"))
-    with pytest.raises(LensBiasError, match="routes tokens to 4 experts; name one with expert="):
+    with pytest.raises(LensBiasError, match="block 0 routes tokens to 4 experts; name one with expert="):
         RemoveWeight(layer=0, row=1, col=2).fwd_hooks(moe)
     with pytest.raises(LensBiasError, match=r"blocks\[0\]\.mlp of this TransformerBridge is not one"):
         RemoveWeight(layer=0, row=1, col=2, expert=0).fwd_hooks(dense)
