@@ -98,7 +98,7 @@ def test_default_candidates_are_the_model_s_own(model):
     conditions = anatomy_conditions(model, CALIBRATION, n_candidates=2, n_random=5)
     found = super_weights(model, CALIBRATION, top=2)
     assert [c.interventions[0].to_dict() for c in conditions[1:3]] == [
-        {"type": "RemoveWeight", "layers": None, "layer": l, "row": r, "col": c} for l, r, c in found.coordinates()]
+        {"type": "RemoveWeight", "layers": None, "layer": l, "row": r, "col": c, "expert": None} for l, r, c in found.coordinates()]
     assert [c.link for c in conditions] == ["", "super weight → massive dim", "super weight → massive dim", "super neurons → massive dim", "control",
                                             "massive dim → sink", "first-token privilege → sink", "a later token made first-like", "a later token made first-like"]
 

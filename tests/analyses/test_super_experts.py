@@ -90,6 +90,21 @@ def test_an_unplanted_model_has_no_super_expert_and_says_so():
     assert not result.to_pandas().isna().to_numpy().any()
 
 
+def test_the_section_of_a_report_round_trips_through_json():
+    import json
+
+    from lens_bias.report.bias_report import BiasReport
+
+    report = lens_bias.analyze(lens_bias.from_hf(tiny_hf("deepseek_v3")), inputs=TOKENS, progress=False)
+    assert {"super_weights", "super_neurons"} <= report.skipped.keys() and "super_experts" in report.sections
+    result = report.super_experts
+    back = BiasReport.from_dict(json.loads(json.dumps(report.to_dict()))).super_experts
+    assert back.layers == result.layers == [1]  # DeepSeek-V3's first block is dense
+    for name in ("n_routed", "input_max", "input_unit", "output_max", "output_dim", "weight"):
+        assert torch.equal(getattr(back, name), getattr(result, name)), name
+    assert back.summary() == result.summary() and back.to_pandas().equals(result.to_pandas())
+
+
 def _zeroed(hf, layer, expert, row, col):
     copy_ = copy.deepcopy(hf)
     experts = copy_.model.layers[layer].mlp.experts
