@@ -22,7 +22,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from lens_bias.analyses.base import Result
-from lens_bias.core.adapter import ModelAdapter
+from lens_bias.core.adapter import ModelAdapter, on_device
 from lens_bias.core.errors import LensBiasError
 from lens_bias.hooks import intervene
 from lens_bias.hooks.base import InterventionLike
@@ -78,20 +78,21 @@ def perplexity(
         batch_size = max(1, min(adapter.default_batch_size(seq_len), _LOGIT_FLOATS_PER_BATCH // (seq_len * adapter.info.d_vocab)))
     elif isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise LensBiasError(f"batch_size must be a positive int or None, got {batch_size!r}")
-    total = 0.0
+    total: Tensor | None = None  # the summed NLL where the logits are (float64; float32 on MPS, which has none), read once
     was_training = model.training
     if was_training:
         model.eval()
     try:
         with torch.inference_mode(), intervene(model, *interventions):
             for start in tqdm(range(0, n, batch_size), desc="perplexity", disable=not progress, unit="batch"):
-                batch = tokens[start : start + batch_size].to(adapter.device)
+                batch = on_device(tokens[start : start + batch_size], adapter.device)
                 logits = model(batch)[:, :-1].float()  # [batch, seq - 1, d_vocab]
-                total += F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten(), reduction="sum").item()
+                loss = F.cross_entropy(logits.flatten(0, 1), on_device(batch[:, 1:].flatten(), logits.device), reduction="sum")
+                total = loss.to(torch.float32 if loss.device.type == "mps" else torch.float64) if total is None else total + loss
+            nll = total.item() / (n * (seq_len - 1))  # type: ignore[union-attr] - n >= 1 (_check_tokens)
     finally:
         if was_training:
             model.train()
-    nll = total / (n * (seq_len - 1))
     logger.debug("perplexity: mean NLL %.4f over %d predictions", nll, n * (seq_len - 1))
     return math.exp(nll)
 

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lens_bias.core.adapter import FwdHook, ModelAdapter
+from lens_bias.core.adapter import FwdHook, ModelAdapter, on_device
 from lens_bias.core.errors import LensBiasError
 from lens_bias.hooks.base import Intervention
 
@@ -88,7 +88,7 @@ class SetActivations(Intervention):
                 )
             resid = resid.clone()
             for p in positions:
-                resid[:, p, dims] = values.to(device=resid.device, dtype=resid.dtype)
+                resid[:, p, dims] = on_device(values, resid.device, resid.dtype)
             return resid
 
         return [(name, hook_fn)]

@@ -26,7 +26,7 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
-from lens_bias.core.adapter import FwdHook, ModelAdapter
+from lens_bias.core.adapter import FwdHook, ModelAdapter, on_device
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.experts import expert_activations, moe_layer, moe_layers, route
 from lens_bias.core.offload import read_weight
@@ -82,13 +82,13 @@ def _layer_hooks(mlp: Any, layer: int, rows: Tensor, cols: Tensor, owner: str) -
 
     @reads
     def capture(post: Tensor, hook: Any) -> None:  # [batch, pos, d_mlp]
-        captured["a"] = post[..., cols.to(post.device)]
+        captured["a"] = post[..., on_device(cols, post.device)]
 
     def subtract(out: Tensor, hook: Any) -> Tensor:  # [batch, pos, d_model]
         if "a" not in captured:
             raise LensBiasError(f"{owner}: blocks.{layer}.mlp.hook_post did not fire before hook_mlp_out")
         a = captured.pop("a")  # [batch, pos, n_weights]
-        rows_, cols_ = rows.to(out.device), cols.to(out.device)
+        rows_, cols_ = on_device(rows, out.device), on_device(cols, out.device)
         w = read_weight(mlp, "W_out")[cols_, rows_].to(out.dtype)  # read now: follows weights that change (training)
         return out.index_add(-1, rows_, -(a.to(out.dtype) * w))
 

@@ -217,19 +217,46 @@ def _nonfinite(activation: Tensor, hook_name: str) -> Tensor:
     return ~torch.isfinite(activation).all()
 
 
-def _raise_on_nonfinite(flags: Sequence[tuple[str, Tensor]], start: int, stop: int, dtype: str) -> None:
-    """Name the first probed hook of the batch whose activation was not finite."""
-    if not flags:
-        return
-    bad = torch.stack([flag.cpu() for _, flag in flags])
-    if not bad.any():
-        return
-    hook = flags[int(bad.nonzero()[0])][0]
-    cause = (
-        f"{dtype} overflowed: run the model in bfloat16 or float32" if dtype == "float16"
-        else "the weights or an intervention produced it: check the checkpoint (torch.isfinite on its parameters) and the edits"
-    )
-    raise LensBiasError(f"NaN/inf first appeared at hook {hook} (sequences {start}-{stop - 1}) with finite inputs; {cause}")
+class _FiniteCheck:
+    """Whether each probed activation held a NaN or an inf, as flags left on the device batch by batch and read once,
+    after the pass (a read per batch would stop the device there): the first one found is named."""
+
+    def __init__(self) -> None:
+        self.current: list[tuple[str, Tensor]] = []
+        self.batches: list[tuple[int, int, list[str], Tensor]] = []  # (start, stop, hooks in firing order, their flags)
+
+    def flag(self, hook_name: str, activation: Tensor) -> None:
+        self.current.append((hook_name, _nonfinite(activation, hook_name)))
+
+    def end_batch(self, start: int, stop: int) -> None:
+        if self.current:
+            device = self.current[0][1].device  # a model split over devices flags each layer where it runs
+            self.batches.append((start, stop, [h for h, _ in self.current], torch.stack([on_device(f, device) for _, f in self.current])))
+        self.current = []
+
+    def raise_first(self, dtype: str) -> None:
+        if not self.batches:
+            return
+        flags = torch.cat([on_device(f, self.batches[0][3].device) for *_, f in self.batches]).cpu()
+        if not flags.any():
+            return
+        first = int(flags.nonzero()[0])
+        for start, stop, hooks, batch in self.batches:
+            if first < len(hooks):
+                cause = (
+                    f"{dtype} overflowed: run the model in bfloat16 or float32" if dtype == "float16"
+                    else "the weights or an intervention produced it: check the checkpoint (torch.isfinite on its parameters) and the edits"
+                )
+                raise LensBiasError(f"NaN/inf first appeared at hook {hooks[first]} (sequences {start}-{stop - 1}) with finite inputs; {cause}")
+            first -= len(hooks)
+
+
+def on_device(value: Tensor, device: torch.device, dtype: torch.dtype | None = None) -> Tensor:
+    """``value`` on ``device`` (and in ``dtype``), copied only where it is elsewhere: hooks move their small constant
+    tensors (indices, values) to the activation's device this way, never bringing anything back to the host."""
+    if value.device == device and (dtype is None or value.dtype == dtype):
+        return value
+    return value.to(device=device, dtype=dtype)
 
 
 def _own(value: Tensor) -> Tensor:
@@ -239,32 +266,39 @@ def _own(value: Tensor) -> Tensor:
 
 
 class _Kept:
-    """What a pass keeps, batch by batch: each ``"rows"`` probe's rows written into one ``[n, ...]`` tensor
-    (allocated once the first batch shows the shape, so nothing is held twice), the running totals of the
-    ``"sum"`` (float64) and ``"max"`` probes, and the first batch of the ``"first"`` probes."""
+    """What a pass keeps, batch by batch, where the activations are: each ``"rows"`` probe's rows written into one
+    ``[n, ...]`` tensor (allocated once the first batch shows the shape, so nothing is held twice; on the model's
+    device when it fits there, else in CPU memory), the running totals of the ``"sum"`` (float64) and ``"max"``
+    probes and the first batch of the ``"first"`` probes on the device. :meth:`result` brings each to the host once."""
 
-    def __init__(self, probes: Mapping[str, Probe], n: int):
-        self.probes, self.n = probes, n
+    def __init__(self, probes: Mapping[str, Probe], n: int, device: torch.device):
+        self.probes, self.n, self.device = probes, n, device
         self.batch: dict[str, Tensor] = {}  # this batch's values, by key
         self.out: dict[str, Tensor] = {}
+        self.rows_device = torch.device("cpu")
 
     def check(self, batch: int) -> None:
-        """After the first batch: refuse before the rows of all ``n`` sequences outgrow CPU memory."""
+        """After the first batch: refuse before the totals outgrow the device or the rows of all ``n`` sequences
+        outgrow CPU memory (where they end), and keep the rows on the device when they fit beside the totals."""
         per_seq = sum(v.numel() * v.element_size() for k, v in self.batch.items() if self.probes[k].combine == "rows") / batch
         fixed = sum(v.numel() * (8 if self.probes[k].combine == "sum" else 4) for k, v in self.batch.items() if self.probes[k].combine != "rows")
-        budget = memory.MEMORY_FRACTION * memory.available_bytes("cpu")
-        if fixed > budget:
+        where = "CPU" if self.device.type == "cpu" else str(self.device)
+        device_budget = memory.MEMORY_FRACTION * memory.available_bytes(self.device)
+        if fixed > device_budget:
             raise LensBiasError(
-                f"the probes' running totals alone need {memory.format_bytes(fixed)} of CPU memory but only {memory.format_bytes(budget)} "
+                f"the probes' running totals alone need {memory.format_bytes(fixed)} of {where} memory but only {memory.format_bytes(device_budget)} "
                 "can be used, whatever the number of sequences; leave out the sections (probes) that keep the largest totals"
             )
+        budget = memory.MEMORY_FRACTION * memory.available_bytes("cpu")
         if per_seq * self.n + fixed > budget:
-            fits = int((budget - fixed) // per_seq)  # per_seq > 0 here: the totals alone fit
+            fits = max(0, int((budget - fixed) // per_seq))  # per_seq > 0 here: the rows alone are over
             totals = f" and {memory.format_bytes(fixed)} of running totals" if fixed else ""
             raise LensBiasError(
                 f"the probes keep {memory.format_bytes(per_seq)} per sequence{totals}: {self.n} sequences need about {memory.format_bytes(per_seq * self.n + fixed)} of CPU memory but only "
                 f"{memory.format_bytes(budget)} can be used; pass at most {fits} sequences, or probes that reduce more inside the hook"
             )
+        if per_seq * self.n + fixed <= device_budget:
+            self.rows_device = self.device
 
     def add_batch(self, start: int, stop: int) -> None:
         for key, value in self.batch.items():
@@ -273,18 +307,27 @@ class _Kept:
                 if value.shape[0] != stop - start:
                     raise LensBiasError(f"probe {key!r} returned {value.shape[0]} rows for a batch of {stop - start} sequences; a 'rows' probe keeps one per sequence")
                 if total is None:
-                    total = self.out[key] = torch.empty((self.n, *value.shape[1:]), dtype=value.dtype)
+                    device = value.device if self.rows_device.type != "cpu" else self.rows_device  # a model split over devices keeps each where it is
+                    total = self.out[key] = torch.empty((self.n, *value.shape[1:]), dtype=value.dtype, device=device)
                 total[start:stop] = value
             elif probe.combine == "first":
                 if total is None:
-                    self.out[key] = _own(value)
+                    self.out[key] = value
             elif total is not None and total.shape != value.shape:
                 raise LensBiasError(f"probe {key!r} returned shape {tuple(value.shape)} after {tuple(total.shape)}; a '{probe.combine}' probe returns one shape for every batch")
             elif probe.combine == "sum":
-                self.out[key] = value.double() if total is None else total.add_(value)
+                self.out[key] = value.to(_SUM_DTYPE.get(value.device.type, torch.float64)) if total is None else total.add_(value)
             else:  # "max"
-                self.out[key] = _own(value) if total is None else torch.maximum(total, value, out=total)
+                self.out[key] = value if total is None else torch.maximum(total, value, out=total)
         self.batch.clear()
+
+    def result(self) -> dict[str, Tensor]:
+        """The kept values in CPU memory: one copy each, at the end of the pass."""
+        return {key: value.cpu() for key, value in self.out.items()}
+
+
+# Running sums are float64 except where the device has none (Apple's MPS).
+_SUM_DTYPE = {"mps": torch.float32}
 
 
 def _family(model: Any) -> str:
@@ -603,7 +646,8 @@ class ModelAdapter:
         """Run ``inputs`` through the model in batches and return each probe's kept values, by probe key.
 
         Results are CPU tensors: a ``"rows"`` probe's float32 rows in input order, a ``"sum"`` probe's float64 total
-        over every sequence, a ``"max"`` probe's float32 maximum, a ``"first"`` probe's first batch. Hooks are attached with the
+        over every sequence, a ``"max"`` probe's float32 maximum, a ``"first"`` probe's first batch. They are reduced
+        on the model's device and cross to the host once, after the last batch. Hooks are attached with the
         model's scoped ``model.hooks(...)`` context, so they are gone afterwards even on an exception or
         KeyboardInterrupt; the model's train/eval mode is restored.
 
@@ -640,19 +684,19 @@ class ModelAdapter:
         batch_size = memory.plan_batch(
             self.info, n=n, seq_len=seq_len, dtype=self.dtype, device=self.device, logits=logits, batch_size=batch_size, what=desc
         )
-        kept = _Kept(unique, n)
+        kept = _Kept(unique, n, self.device)
         fired_this_batch: set[str] = set()
         current: dict[str, Tensor] = {}
-        # (hook, "has a NaN/inf" flag) per probed activation of the batch, in firing order: read once per batch.
-        finite_flags: list[tuple[str, Tensor]] = []
+        finite = _FiniteCheck()
 
         def make_probe_hook(hook_name: str, group: list[Probe]) -> HookFn:
             def hook_fn(activation: Tensor, hook: Any) -> None:
-                finite_flags.append((hook_name, _nonfinite(activation, hook_name)))
+                finite.flag(hook_name, activation)
                 for probe in group:
                     if probe.combine == "first" and probe.key in kept.out:  # kept already: not computed again
                         continue
-                    kept.batch[probe.key] = probe.fn(activation).detach().float().cpu()
+                    # reduced here, on the activation's device; compact, so the activation itself is not held
+                    kept.batch[probe.key] = _own(probe.fn(activation).detach().float())
                 fired_this_batch.add(hook_name)
                 if fired_this_batch >= probe_hooks:
                     raise _StopForward
@@ -687,9 +731,8 @@ class ModelAdapter:
                         current["embeddings"] = inputs[start:stop]
                         tokens = torch.zeros(stop - start, seq_len, dtype=torch.long, device=self.device)
                     else:
-                        tokens = inputs[start:stop].to(self.device)
+                        tokens = on_device(inputs[start:stop], self.device)
                     fired_this_batch.clear()
-                    finite_flags.clear()
                     try:
                         self.model(tokens)
                     except _StopForward:
@@ -700,14 +743,15 @@ class ModelAdapter:
                             f"hook point(s) {sorted(probe_hooks - fired_this_batch)} never fired during the forward "
                             f"pass of this {type(self.model).__name__}: they exist but are not on its computation path"
                         )
-                    _raise_on_nonfinite(finite_flags, start, stop, self.info.dtype)
+                    finite.end_batch(start, stop)
                     if start == 0:
                         kept.check(stop - start)
                     kept.add_batch(start, stop)
+            finite.raise_first(self.info.dtype)
+            return kept.result()
         finally:
             if was_training:
                 self.model.train()
-        return kept.out
 
     def unembed(self, resid: Float[Tensor, "batch d_model"]) -> Float[Tensor, "batch d_vocab"]:
         """The model's logits from readout states (:meth:`readout_probe`), as float32: its head, then whatever it
