@@ -38,7 +38,7 @@ def host_transfers() -> Iterator[collections.Counter]:
                 if target is None or torch.device(target).type != "cpu":
                     return original(self, *args, **kwargs)
             caller = traceback.extract_stack(limit=2)[0]  # the line that called the method
-            if caller.filename.startswith(str(ROOT)) and "site-packages" not in caller.filename:  # ours, not TL.s, transformers. or torch.s
+            if caller.filename.startswith(str(ROOT)) and "site-packages" not in caller.filename:  # ours, not TL's, transformers' or torch's
                 sites[f"{name} at {pathlib.Path(caller.filename).relative_to(ROOT)}:{caller.lineno}"] += 1
             return original(self, *args, **kwargs)
 
