@@ -6,7 +6,9 @@
    path (target <= 1.1);
 3. the scipy ``kendalltau`` loop / ``lens_bias.core.stats.kendall_tau_b`` over N × k columns, on the device: the
    vectorised τ-b on CUDA (target >= 10); scipy's own loop on CPU, where it is the faster exact one (target >= 1);
-4. peak memory of fingerprinting N = 2000 / N = 200 inputs, each in a fresh process (target <= 1.2).
+4. peak memory of fingerprinting N = 2000 / N = 200 inputs, each in a fresh process (target <= 1.2);
+5. a bare scipy ``kendalltau`` loop over the columns the lineage test correlates (N × k softmaxed features) / the
+   whole ``lineage_test`` on those features (target >= 0.9: the test is never much slower than what it wraps).
 
     python benchmarks/bench_seedprint.py                       # CPU defaults: llama d 256, 4 layers, V 8000
     python benchmarks/bench_seedprint.py --device cuda --dtype bfloat16 --d-model 768 --n-layers 12 \\
@@ -30,8 +32,10 @@ from scipy.stats import kendalltau
 import lens_bias
 from _timing import timed
 from lens_bias import ModelAdapter
-from lens_bias.seedprint import fingerprint
 from lens_bias.core.stats import kendall_tau_b
+from lens_bias.seedprint import fingerprint, lineage_test
+
+TEMPERATURE = 10.0  # lineage_test's default
 
 
 def build(args: argparse.Namespace):
@@ -110,6 +114,17 @@ def main() -> None:
     xt, yt = torch.from_numpy(x).to(args.device), torch.from_numpy(y).to(args.device)
     t_kendall = timed(lambda: kendall_tau_b(xt, yt), args.repeats)
 
+    # The lineage test on k features (every one an identity dimension) against the loop over the same columns.
+    fa, fb = torch.from_numpy(x).float(), torch.from_numpy(y).float()
+    pa, pb = (torch.softmax(f.double() / TEMPERATURE, dim=1).numpy() for f in (fa, fb))
+
+    def bare_loop() -> None:
+        for j in range(args.kendall_k):
+            kendalltau(pa[:, j], pb[:, j])
+
+    t_bare = timed(bare_loop, args.repeats)
+    t_lineage = timed(lambda: lineage_test(fa, fb, m=args.kendall_k, mode="base", temperature=TEMPERATURE), args.repeats)
+
     peaks = {}
     for n in (200, 2000):
         cmd = [sys.executable, __file__, "--peak-only", *(["--model", args.model] if args.model else []), "--n", str(n), "--d-model", str(args.d_model), "--n-layers", str(args.n_layers),
@@ -132,6 +147,7 @@ def main() -> None:
     print(f"extraction / HF inner forward:  {t_extract / t_hf:.2f} (target <= 1.1)" if hf_inner is not None else "extraction / HF inner forward:  n/a (target <= 1.1; needs a TL 4 bridge over an HF model)")
     print(f"scipy loop / kendall_tau_b: {t_scipy / t_kendall:.2f} (target {'>= 10' if args.device.startswith('cuda') else '>= 1'})")
     print(f"peak memory N 2000 / N 200:     {peaks[2000] / peaks[200]:.2f} (target <= 1.2)")
+    print(f"scipy loop / lineage_test: {t_bare / t_lineage:.2f} (target >= 0.9; the loop {t_bare:.3f} s, the test {t_lineage:.3f} s, CPU)")
 
 
 if __name__ == "__main__":

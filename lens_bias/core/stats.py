@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Sequence, Union
 
 import numpy as np
@@ -108,10 +109,17 @@ def kendall_tau_b(x: Float[Tensor, "n k"], y: Float[Tensor, "n k"]) -> Float[Ten
     return _kendall_tau_b_scipy(x, y)
 
 
+# scipy's kendalltau without its per-call wrapper (argument and NaN checks, signature inspection: about a quarter of
+# the loop at N 10,000): the inputs are checked once for all columns below.
+_KENDALLTAU = getattr(kendalltau, "__wrapped__", kendalltau)
+
+
 def _kendall_tau_b_scipy(x: Tensor, y: Tensor) -> Tensor:
-    # float64 holds every float16/bfloat16/float32 value exactly, so order and ties are those of the inputs
-    xs, ys = (t.detach().cpu().double().numpy() for t in (x, y))
-    taus = [kendalltau(xs[:, j], ys[:, j])[0] for j in range(xs.shape[1])]
+    # float64 holds every float16/bfloat16/float32 value exactly, so order and ties are those of the inputs;
+    # transposed, each column is contiguous
+    xs, ys = (t.detach().cpu().double().T.contiguous().numpy() for t in (x, y))
+    undefined = np.isnan(xs).any(axis=1) | np.isnan(ys).any(axis=1)  # NaN in, NaN out (scipy's "propagate")
+    taus = [math.nan if undefined[j] else _KENDALLTAU(xs[j], ys[j])[0] for j in range(xs.shape[0])]
     return torch.tensor(taus, dtype=torch.float64, device=x.device)
 
 

@@ -266,7 +266,9 @@ def as_features(x: FeaturesLike, name: str, align: str | None = None) -> Float[T
     elif isinstance(x, np.ndarray):
         x = torch.from_numpy(x)
     if isinstance(x, Tensor) and x.ndim == 2 and x.is_floating_point():
-        if not torch.isfinite(x).all():
+        # a NaN or inf anywhere makes its column's sum non-finite: one reduction, no [N, D] mask (finite sums that
+        # overflow, of values near the float32 limit, are checked element by element)
+        if not torch.isfinite(x.sum(dim=0)).all() and not torch.isfinite(x).all():
             raise LensBiasError(f"{name} holds NaN/inf features; fingerprint the model in float32 or bfloat16, or check its weights")
         return x.detach().float().cpu()
     raise TypeError(f"{name} must be a Fingerprint or a float [N, D] array/tensor, got {type(x).__name__}")
