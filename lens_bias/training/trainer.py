@@ -23,7 +23,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from lens_bias.core import memory
-from lens_bias.core.adapter import ModelAdapter
+from lens_bias.core.adapter import ModelAdapter, on_device
 from lens_bias.core.corpora import code
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.inputs import with_bos
@@ -86,6 +86,25 @@ def _lr(step: int, steps: int, lr: float, warmup: int, schedule: str) -> float:
     return lr * 0.5 * (1 + math.cos(math.pi * progress))
 
 
+# Steps between reads of the loss on the host: a read waits for the device to finish, so it is not made every step.
+SYNC_EVERY = 50
+
+
+def _on_device(data: TokenData, order: Iterator[Tensor], bos: int | None, device: torch.device) -> Iterator[Tensor]:
+    """The batches of ``order`` on ``device``, one ahead: the next batch is gathered and its copy queued (from pinned
+    memory, without waiting, on CUDA) before the current one is handed out, so the device never waits for the host."""
+    cuda = device.type == "cuda"
+
+    def gather() -> Tensor:
+        batch = with_bos(data.train[next(order)], bos)
+        return batch.pin_memory().to(device, non_blocking=True) if cuda else on_device(batch, device)
+
+    ahead = gather()
+    while True:
+        current, ahead = ahead, gather()
+        yield current
+
+
 def _loss(model: Any, blocks: torch.Tensor) -> torch.Tensor:
     logits = model(blocks[:, :-1])
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), blocks[:, 1:].reshape(-1))
@@ -94,12 +113,11 @@ def _loss(model: Any, blocks: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def evaluate(model: Any, blocks: torch.Tensor, batch_size: int = 32, device: Any = None, bos: int | None = None) -> float:
     """Mean next-token cross-entropy (nats) over ``blocks`` (first tokens replaced by ``bos`` when given)."""
-    total, count = 0.0, 0
+    total = torch.zeros((), dtype=torch.float64, device=device)  # summed on the device, read once
     for start in range(0, len(blocks), batch_size):
-        batch = with_bos(blocks[start : start + batch_size], bos).to(device)
-        total += _loss(model, batch).item() * len(batch)
-        count += len(batch)
-    return total / count
+        batch = on_device(with_bos(blocks[start : start + batch_size], bos), torch.device(device or "cpu"))
+        total += _loss(model, batch).double() * len(batch)
+    return total.item() / len(blocks)
 
 
 def train(
@@ -145,6 +163,9 @@ def train(
         bos: a token ID that replaces the first token of every block, so every sequence starts with the same
             token (GPT-2's <|endoftext|> role); attention sinks form on such a token.
         dtype: autocast dtype on CUDA (e.g. ``torch.bfloat16``); ignored on CPU.
+
+    On a GPU nothing waits for the host: the next batch is copied while this one runs, AdamW is fused, and the losses
+    are read every :data:`SYNC_EVERY` steps (and at evaluations and checkpoints), not every step.
         progress: a progress bar over steps.
 
     Returns:
@@ -174,8 +195,9 @@ def train(
         {"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
         {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
     ]
-    optimizer = torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95))
-    order = batches(len(data.train), batch_size, data_seed)
+    # On CUDA the fused AdamW kernel: one launch for every parameter instead of several per tensor
+    optimizer = torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), fused=device.type == "cuda")
+    order = _on_device(data, batches(len(data.train), batch_size, data_seed), bos, device)
     held_out = data.eval[:eval_blocks]
     autocast = torch.autocast("cuda", dtype=dtype) if dtype is not None and device.type == "cuda" else nullcontext()
     losses, evals, checkpoints = [], [], []
@@ -187,6 +209,22 @@ def train(
         save_checkpoint(model, path, step=step)
         checkpoints.append(path)
 
+    pending: list[Tensor] = []  # this stretch's losses, on the device
+
+    def read_losses() -> None:
+        """Bring the stretch's losses to the host in one read; stop at a non-finite one."""
+        values = torch.stack(pending).tolist()
+        first = len(losses) - len(values)
+        for i, value in enumerate(values):
+            losses[first + i]["loss"] = value
+            if not math.isfinite(value):
+                raise LensBiasError(
+                    f"the training loss is {value} at step {first + i + 1} (losses are read every {SYNC_EVERY} steps, so the weights were "
+                    f"updated {len(values) - i} more times; reload a checkpoint): the weights or activations overflowed; lower lr (now {lr}), "
+                    "keep grad_clip, or train in float32 / bfloat16 rather than float16"
+                )
+        pending.clear()
+
     model.train()
     try:
         with intervene(model, *interventions):
@@ -197,19 +235,16 @@ def train(
                 for group in optimizer.param_groups:
                     group["lr"] = rate
                 with autocast:
-                    loss = _loss(model, with_bos(data.train[next(order)], bos).to(device))
-                value = loss.item()
-                if not math.isfinite(value):  # before the update, so the weights stay those of the last finite step
-                    raise LensBiasError(
-                        f"the training loss is {value} at step {step + 1}: the weights or activations overflowed; lower lr "
-                        f"(now {lr}), keep grad_clip, or train in float32 / bfloat16 rather than float16"
-                    )
+                    loss = _loss(model, next(order))
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(params, grad_clip)
                 optimizer.step()
                 setattr(model, REGIME, "trained")  # what analyze reports it as, and checkpoints record
-                losses.append({"step": step + 1, "loss": value, "lr": rate})
+                pending.append(loss.detach())
+                losses.append({"step": step + 1, "loss": math.nan, "lr": rate})
+                if (step + 1) % SYNC_EVERY == 0 or (step + 1) % eval_every == 0 or step + 1 == steps or (checkpoint_every and (step + 1) % checkpoint_every == 0):
+                    read_losses()
                 if (step + 1) % eval_every == 0 or step + 1 == steps:
                     model.eval()
                     with autocast:

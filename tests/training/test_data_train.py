@@ -112,6 +112,31 @@ def test_interventions_stay_attached_while_training(blocks):
     assert odd.lens_bias_spec.seed == 1
 
 
+def test_training_reads_its_losses_in_stretches_not_every_step(blocks):
+    """Reading the loss every step would stop a GPU every step: the losses are read once per SYNC_EVERY steps."""
+    from lens_bias.training.trainer import SYNC_EVERY
+
+    from ..test_host_transfers import host_transfers
+
+    on_prose, _ = blocks
+    counts = {}
+    for steps in (SYNC_EVERY, 3 * SYNC_EVERY):
+        with host_transfers() as sites:
+            run = train(tiny_model(2), on_prose, steps=steps, batch_size=2, eval_every=steps, eval_blocks=2, progress=False)
+        counts[steps] = sum(sites.values())
+        assert run.losses.loss.notna().all() and len(run.losses) == steps  # every step's loss, read in stretches
+    assert counts[3 * SYNC_EVERY] - counts[SYNC_EVERY] == 2, counts  # two more stretches, one read each
+
+
+def test_a_non_finite_loss_stops_training_and_names_its_step(blocks):
+    on_prose, _ = blocks
+    model = tiny_model(3)
+    with torch.no_grad():
+        model.W_E.fill_(float("nan"))
+    with pytest.raises(LensBiasError, match=r"the training loss is nan at step 1 \(losses are read every \d+ steps, so the weights were updated 3 more"):
+        train(model, on_prose, steps=3, batch_size=2, eval_every=3, eval_blocks=2, progress=False)
+
+
 def test_training_refuses_mismatched_data(blocks):
     on_prose, _ = blocks
     small_vocab = lens_bias.random_init("gpt2", d_model=64, n_layers=2, n_heads=4, d_vocab=500, n_ctx=32)
