@@ -86,8 +86,8 @@ def _lr(step: int, steps: int, lr: float, warmup: int, schedule: str) -> float:
     return lr * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-# Steps between reads of the loss on the host: a read waits for the device to finish, so it is not made every step.
 SYNC_EVERY = 50
+"""Steps between reads of the loss on the host: a read waits for the device to finish, so it is not made every step."""
 
 
 def _on_device(data: TokenData, order: Iterator[Tensor], bos: int | None, device: torch.device) -> Iterator[Tensor]:
