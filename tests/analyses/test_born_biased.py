@@ -14,6 +14,7 @@ import lens_bias
 
 N, T = 256, 64
 WIDE = dict(d_model=256, n_layers=4, n_heads=8, d_vocab=8000, n_ctx=128)
+SECTIONS = ["contraction", "token_preference"]  # the claims below read these two
 
 
 def tau_null_sd(n: int) -> float:
@@ -30,7 +31,7 @@ def reports():
         "relu_seed1": dict(arch="gpt2", act_fn="relu", positional_embedding="rotary", seed=1),
     }
     return {
-        name: lens_bias.analyze(lens_bias.random_init(**kw, **WIDE), n_sequences=N, seq_len=T, progress=False)
+        name: lens_bias.analyze(lens_bias.random_init(**kw, **WIDE), n_sequences=N, seq_len=T, sections=SECTIONS, progress=False)
         for name, kw in builds.items()
     }
 
