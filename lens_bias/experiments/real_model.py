@@ -136,7 +136,7 @@ _COMPARED: dict[str, tuple[str, float]] = {
     "sinks.norm_ratio_0_max": ("rel", 5 * _BF16_STEP),
     "super_neurons.resid_max_over_median": ("rel", 5 * _BF16_STEP),
     "super_neurons.dominance_at_max": ("rel", 5 * _BF16_STEP),
-    "token_preference.entropy_ratio": ("rel", 5 * _BF16_STEP),
+    "token_preference.entropy_ratio": ("abs", 0.02),  # H(p̄)/log V is in [0, 1]; over 3 sequences bf16 moved it 0.008 (2%)
     "token_preference.tau_halves": ("abs", 0.05),
     "contraction.inter_final": ("abs", 0.02),
     "contraction.intra_final": ("abs", 0.02),
