@@ -23,7 +23,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from lens_bias.analyses.base import Analysis, Result, measure
-from lens_bias.analyses.super_weights import SPIKE
+from lens_bias.analyses.super_weights import SPIKE, check_top_and_position
 from lens_bias.core.adapter import ModelAdapter, ModelInfo, Probe
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.experts import expert_activations, moe_layer, moe_layers, route
@@ -125,10 +125,7 @@ class SuperExperts(Analysis):
     position: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("top", "position"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "top" else 0):
-                raise LensBiasError(f"{name} must be a {'positive' if name == 'top' else 'non-negative'} int, got {value!r}")
+        check_top_and_position(self.top, self.position)
 
     def applies_to(self, info: ModelInfo) -> bool:
         return info.n_experts is not None

@@ -66,6 +66,13 @@ def _abs_max_at(hook: str, position: int) -> Probe:
     return Probe(hook, f"abs_max@{position}", fn, combine="max")
 
 
+def check_top_and_position(top: int, position: int) -> None:
+    """``top`` a positive int and ``position`` a non-negative one (the parameters of the spike readers)."""
+    for name, value in (("top", top), ("position", position)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "top" else 0):
+            raise LensBiasError(f"{name} must be a {'positive' if name == 'top' else 'non-negative'} int, got {value!r}")
+
+
 def _w_out(model: Any, layer: int) -> Float[Tensor, "d_mlp d_model"]:
     try:
         return read_weight(model.blocks[layer].mlp, "W_out")
@@ -173,10 +180,7 @@ class SuperWeights(Analysis):
     position: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("top", "position"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "top" else 0):
-                raise LensBiasError(f"{name} must be a {'positive' if name == 'top' else 'non-negative'} int, got {value!r}")
+        check_top_and_position(self.top, self.position)
 
     dense_mlp_only = True  # ranks one MLP's units per layer, not each expert's
 
