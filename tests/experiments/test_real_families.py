@@ -1,0 +1,91 @@
+"""The real families beside SmolLM2 (Gemma 3 270M, Qwen2.5-Coder 0.5B; 1.5B where installed by hand): each loads by
+name from its verified chunk wheels, computes the model's own logits on TL 4 and TL 3, and its sink and anatomy equal
+a plain transformers computation with eager attention. One family is held at a time (module-scoped fixtures)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import torch
+
+import lens_bias
+from lens_bias.core.inputs import text_tokens
+from lens_bias.models import SOURCES
+from lens_bias.models.huggingface import from_hf, load_hf
+
+from ..conftest import BACKEND, _real_model_or_skip
+
+pytestmark = pytest.mark.real_model
+
+# name -> opt-in (not installed by CI: 7.6 GB of memory in float32)
+FAMILIES = {"gemma-3-270m": False, "qwen2.5-coder-0.5b-instruct": False, "qwen2.5-coder-1.5b-instruct": True}
+ANATOMY_SECTIONS = ["sinks", "super_neurons", "massive_activations", "super_weights"]
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family(request) -> tuple[str, Any, Any, Any]:
+    """(name, TL model, Hugging Face model, tokenizer), the file read once."""
+    name = request.param
+    _real_model_or_skip(name, opt_in=FAMILIES[name])
+    hf, tokenizer = load_hf(name)
+    model = from_hf(copy.deepcopy(hf), tokenizer, model_name=name)  # a bridge takes its module over
+    return name, model, hf, tokenizer
+
+
+def _tokens(tokenizer: Any, bos: bool) -> torch.Tensor:
+    return text_tokens(tokenizer, 8, 48, bos=bos, seed=5)
+
+
+def test_loads_by_name_and_computes_the_models_own_logits(family):
+    name, model, hf, tokenizer = family
+    assert [source for source, s in SOURCES.items() if s.matches(name)][0] == "shipped"
+    assert type(model).__name__ == ("TransformerBridge" if BACKEND == "bridge" else "HookedTransformer")
+    assert (model.cfg.n_layers, model.cfg.d_model) == (hf.config.num_hidden_layers, hf.config.hidden_size)
+    ids = tokenizer("The capital of France is Paris. The capital of Germany is", return_tensors="pt").input_ids
+    with torch.no_grad():
+        ours, theirs = model(ids), hf(ids).logits
+    # TL 3 reorders float32 sums (GQA heads, einsum): measured 2.6e-5 on both families.
+    assert (ours - theirs).abs().max().item() < 1e-4
+    assert tokenizer.decode(ours[0, -1].argmax()) == " Berlin"
+
+
+@pytest.mark.parametrize("bos", [False, True], ids=["no-bos", "bos"])
+def test_sink_0_equals_plain_transformers_with_eager_attention(family, bos):
+    """Sink_0 at ε 0.3: the share of (sequence, layer, head) whose mean attention to token 0 exceeds ε, against the
+    patterns Hugging Face returns (eager attention); one borderline α may round across ε."""
+    name, model, hf, tokenizer = family
+    tokens = _tokens(tokenizer, bos)
+    report = lens_bias.analyze(model, inputs=tokens, sections=["sinks"], progress=False)
+    with torch.no_grad():
+        attentions = torch.stack(hf(tokens, output_attentions=True).attentions, dim=1)  # [N, L, H, T, T]
+    alpha_0 = attentions[..., :, 0].mean(dim=-1)  # every query sees key 0
+    expected = (alpha_0 > 0.3).float().mean().item() * 100
+    one_flip = 100 / alpha_0.numel()
+    assert report.sinks.rate()[0].item() == pytest.approx(expected, abs=one_flip + 1e-6)
+    assert report.sinks.share(0).mean().item() == pytest.approx(alpha_0.mean().item(), abs=1e-4)
+
+
+def test_anatomy_equals_the_hidden_states_of_plain_transformers(family):
+    """The anatomy's massive dimension and its size are those of Hugging Face's hidden states at position 0 (with
+    the model's BOS, which Gemma expects), and every link has a measured number."""
+    name, model, hf, tokenizer = family
+    tokens = _tokens(tokenizer, bos=True)
+    anatomy = lens_bias.analyze(model, inputs=tokens, sections=ANATOMY_SECTIONS, progress=False).anatomy()
+    outputs = []
+    handles = [layer.register_forward_hook(lambda module, args, out: outputs.append(out[0] if isinstance(out, tuple) else out))
+               for layer in hf.model.layers]
+    try:
+        with torch.no_grad():
+            hf(tokens)
+    finally:
+        for handle in handles:
+            handle.remove()
+    first = torch.stack(outputs, dim=1)[:, :, 0].abs().mean(dim=0)  # [L, d]: mean |h_0| of each block's output
+    dim = anatomy.massive_dims[0]
+    assert anatomy.massive_value == pytest.approx(first[:, dim].max().item(), rel=1e-3)
+    if anatomy.onset_layer is not None:  # Sun et al.'s massive dim is the largest one at position 0
+        assert dim == first[anatomy.onset_layer].argmax().item()
+    assert set(anatomy.to_dict()) >= {"sink_rate", "sink_layers", "massive_dims", "onset_layer", "super_neuron", "disparity", "largest_spike"}
+    assert 0 <= anatomy.sink_rate <= 100 and anatomy.disparity > 0 and anatomy.super_neuron
