@@ -34,6 +34,8 @@ class AttributionConfig(Serialisable):
     calibration: int = 32
     # "text" (held-out prose through the model's tokenizer) or "tokens" (uniform random IDs).
     inputs: str = "text"
+    # Put the model's BOS token first (text only): Gemma is trained with one, SmolLM2 and Qwen2.5 without.
+    bos: bool = False
     eps: float = 0.3
     n_candidates: int = 2  # super-weight candidates removed one at a time
     n_random: int = 100  # random weights of the same matrix removed together (the control)
@@ -57,9 +59,11 @@ def run_attribution(model: Any, config: AttributionConfig = AttributionConfig(),
         tokenizer = getattr(model, "tokenizer", None)
         if tokenizer is None:
             raise LensBiasError("inputs='text' needs model.tokenizer; use a pretrained model, or --set inputs=tokens")
-        windows = text_tokens(tokenizer, total, config.seq_len, seed=config.seed)  # distinct windows: none shared
+        windows = text_tokens(tokenizer, total, config.seq_len, bos=config.bos, seed=config.seed)  # distinct windows: none shared
         tokens, calibration = windows[: config.n], windows[config.n :]
     elif config.inputs == "tokens":
+        if config.bos:
+            raise LensBiasError("bos=true applies to inputs='text'; random tokens have no BOS here")
         vocab = int(model.cfg.d_vocab)
         tokens = random_tokens(config.n, config.seq_len, vocab, seed=config.seed)
         calibration = random_tokens(config.calibration, config.seq_len, vocab, seed=config.seed + 1)

@@ -119,10 +119,12 @@ def sink_table(
     return SinkTable(results, eps)  # type: ignore[arg-type]
 
 
-def move_sink_table(model: Any, *, n: int = 64, seq_len: int = 64, position: int = 8, factor: float = 8.0, eps: float = DEFAULT_EPS, seed: int = 0) -> pd.DataFrame:
+def move_sink_table(model: Any, *, n: int = 64, seq_len: int = 64, position: int = 8, factor: float = 8.0, eps: float = DEFAULT_EPS,
+                    seed: int = 0, bos: bool = False) -> pd.DataFrame:
     """Experiment 4 on held-out text: α_k (mean ± SE over sequences) and Sink_k under MaskToSelf(k),
-    AmplifyVariance(k, λ) and ScaleNorm(k, λ), against the unedited model; ``diff_in_se`` is the paired difference."""
-    tokens = text_tokens(_tokenizer(model), n, seq_len, seed=seed)
+    AmplifyVariance(k, λ) and ScaleNorm(k, λ), against the unedited model; ``diff_in_se`` is the paired difference.
+    With ``bos=True`` position 0 is the model's BOS token."""
+    tokens = text_tokens(_tokenizer(model), n, seq_len, bos=bos, seed=seed)
     return intervention_table(model, tokens, position, factor, eps)
 
 
@@ -205,6 +207,8 @@ class RealModelConfig(Serialisable):
     move_position: int = 8
     move_factor: float = 8.0
     move_sequences: int = 64
+    # Moving the sink with the model's BOS first (Gemma sinks on its BOS and barely without one).
+    move_bos: bool = False
     # bf16/fp16 comparison: a full analyze per dtype.
     precision_sequences: int = 32
     seed: int = 0
@@ -245,7 +249,7 @@ def run(model: Any, config: RealModelConfig = RealModelConfig(), *, progress: bo
     tables = {
         "sinks": lambda: sink_table(model, n=config.sink_sequences, seq_len=config.seq_len, eps=config.eps, seed=config.seed),
         "move": lambda: move_sink_table(model, n=config.move_sequences, seq_len=config.seq_len, position=config.move_position,
-                                        factor=config.move_factor, eps=config.eps, seed=config.seed),
+                                        factor=config.move_factor, eps=config.eps, seed=config.seed, bos=config.move_bos),
         "precision": lambda: precision_table(model, n=config.precision_sequences, seq_len=config.seq_len, seed=config.seed),
     }
     seconds, done = {}, {}

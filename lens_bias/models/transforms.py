@@ -17,6 +17,8 @@ model and leaves its input bit for bit as it was:
 - :func:`rotate_residual`: the residual stream multiplied by a random orthogonal matrix, after folding every
   RMSNorm gain into the matrices that read the normalised stream (the unembedding untied where it was tied), as
   rotation-based quantisation (QuaRot, SpinQuant) does: the same function in a rotated basis.
+- :func:`rename_vocabulary`: the vocabulary renamed, rows of the embedding and the unembedding permuted by one
+  permutation (the tokenizer renamed alike): the same function on text, other answers to the same token IDs.
 - :func:`random_inits`: fresh random inits of the same configuration (Hugging Face defaults: N(0, 0.02) matrices,
   unit norm gains, zero biases), one model object re-drawn in place per seed.
 
@@ -45,7 +47,7 @@ from lens_bias.core.errors import LensBiasError
 from lens_bias.models.architectures.base import init_parameters, is_bias
 from lens_bias.models.init import mark
 
-__all__ = ["quantize", "prune", "merge", "low_rank_delta", "permute_residual", "rotate_residual", "random_inits", "relative_change", "copy_model"]
+__all__ = ["quantize", "prune", "merge", "low_rank_delta", "permute_residual", "rotate_residual", "rename_vocabulary", "random_inits", "relative_change", "copy_model"]
 
 
 # ---- weights, generically --------------------------------------------------------------------------------------
@@ -355,6 +357,47 @@ def permute_residual(model: Any, seed: int = 0) -> Any:
     basis[torch.arange(d), perm] = 1.0  # (basis @ x)[i] = x[perm[i]]
     clone = _change_basis(model, basis, fold=False)
     clone.lens_bias_basis = perm
+    return clone
+
+
+def rename_vocabulary(model: Any, seed: int = 0) -> Any:
+    """The same function under renamed token IDs: token ``i`` of ``model`` is token ``perm[i]`` of the copy.
+
+    The embedding's rows and the unembedding's rows (its columns in TL 3's ``W_U``, and its bias) are permuted by
+    one permutation, so the copy on ``perm[tokens]`` gives ``model``'s logits on ``tokens`` with their last axis
+    permuted alike: a tokenizer renamed the same way makes it the same model on text. Token IDs drawn at random
+    now reach other embeddings, which is what SeedPrint's token inputs see.
+
+    >>> import lens_bias
+    >>> model = lens_bias.random_init("llama", d_model=32, n_layers=1, n_heads=4, d_vocab=50, n_ctx=8)
+    >>> renamed = rename_vocabulary(model, seed=1)
+    >>> tokens = torch.tensor([[3, 1, 4, 1, 5]])
+    >>> perm = renamed.lens_bias_vocabulary
+    >>> bool((renamed(perm[tokens])[..., perm] == model(tokens)).all())
+    True
+
+    Args:
+        model: a TransformerLens model (not modified).
+        seed: seed of the permutation.
+
+    Returns:
+        The renamed copy; ``model.lens_bias_vocabulary`` records the permutation.
+    """
+    clone = copy_model(model)
+    params = _parameters(clone)
+    vocab = int(model.cfg.d_vocab)
+    perm = torch.randperm(vocab, generator=torch.Generator().manual_seed(seed))
+    rows = {"embed.weight", "embed.W_E", "unembed.weight", "unembed.b_U", "unembed.bias"}  # vocabulary on axis 0
+    if not {"embed.weight", "embed.W_E"} & set(params):
+        raise LensBiasError("rename_vocabulary needs a token embedding (embed.weight or embed.W_E)")
+    with torch.no_grad():
+        for name, p in params.items():
+            if name in rows or name == "unembed.W_U":
+                axis = 1 if name == "unembed.W_U" else 0
+                moved = torch.empty_like(p)
+                moved.index_copy_(axis, perm.to(p.device), p.detach())  # new position perm[i] holds old row i
+                p.copy_(moved)
+    clone.lens_bias_vocabulary = perm
     return clone
 
 

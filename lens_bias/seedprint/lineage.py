@@ -28,6 +28,7 @@ from torch import Tensor
 
 from lens_bias.core.adapter import ModelAdapter
 from lens_bias.core.errors import LensBiasError
+from lens_bias.core.inputs import random_tokens
 from lens_bias.seedprint.align import ALIGN_MODES, FIT_FRACTION
 from lens_bias.seedprint.fingerprints import (
     FeaturesLike,
@@ -37,6 +38,7 @@ from lens_bias.seedprint.fingerprints import (
 )
 from lens_bias.seedprint.nulls import NULLS, AnalyticNull, Case, Null
 from lens_bias.seedprint.statistic import MODES, tau_statistic
+from lens_bias.seedprint.vocabulary import renamed_tokens
 
 __all__ = ["SeedPrintResult", "lineage_test", "compare", "ALPHA", "STRONG"]
 
@@ -72,6 +74,7 @@ class SeedPrintResult:
     null_details: dict[str, Any] = field(default_factory=dict)
     align: str | None = None  # the alignment fitted before the test (None: the published test)
     fit_rows: int = 0  # rows the alignment was fitted on (the first ones); the test ran on the rest
+    renamed_vocabulary: bool = False  # compare() found b's vocabulary to be a's renamed, and gave b the same tokens renamed
 
     @property
     def same_lineage(self) -> bool:
@@ -88,6 +91,7 @@ class SeedPrintResult:
         kind = (self.null_settings or {}).get("kind")
         rank = NULLS[kind].note(self.null_details) if self.null_details and kind in NULLS else ""
         aligned = f", {self.align} alignment fitted on {self.fit_rows} rows" if self.align else ""
+        aligned += ", token inputs renamed to the suspect's vocabulary" if self.renamed_vocabulary else ""
         return (
             f"SeedPrint ({self.null} null{aligned}, {self.mode} identity dims, m {self.m}, k {self.k}, n {self.n}): "
             f"τ̄ = {self.tau_bar:.4f}, z = {self.z:.2f}, p = {self.p:.3g} (log10 {self.log10_p:.1f}{rank}) -> {verdict} at α = {self.alpha}{extra}"
@@ -180,6 +184,7 @@ def lineage_test(
 
 
 _FINGERPRINT_KEYWORDS = [name for name in inspect.signature(fingerprint).parameters if name not in ("model", "distributed")]
+_FINGERPRINT_DEFAULTS = {name: p.default for name, p in inspect.signature(fingerprint).parameters.items()}
 _TEST_KEYWORDS = [name for name in inspect.signature(lineage_test).parameters if name not in ("a", "b", "progress")]
 
 
@@ -189,13 +194,30 @@ def compare(model_a: Any, model_b: Any, *, progress: bool = True, **keywords: An
     ``keywords`` are those of :func:`~lens_bias.seedprint.fingerprint` (inputs, n, seq_len, seed, vocab,
     embed_std, batch_size, device, dtype) and of :func:`lineage_test` (m, ratio_k, mode, temperature, null,
     alpha, align, fit_fraction), with their defaults. Token IDs are drawn below the smaller of the two vocabularies unless ``vocab``
-    is given.
+    is given. When ``b``'s vocabulary is ``a``'s renamed (its embedding rows are ``a``'s in another order:
+    :func:`~lens_bias.seedprint.vocabulary.renamed_tokens`), ``b`` reads the same tokens under their new IDs, so a
+    renaming, which leaves the model the same on text, cannot hide it; ``renamed_vocabulary`` says so. Models of
+    different widths cannot share an init and are refused.
     """
     unknown = sorted(set(keywords) - set(_FINGERPRINT_KEYWORDS) - set(_TEST_KEYWORDS))
     if unknown:
         raise TypeError(f"compare() got unexpected keyword(s) {unknown}; it takes those of fingerprint {_FINGERPRINT_KEYWORDS} and lineage_test {_TEST_KEYWORDS}")
+    info_a, info_b = ModelAdapter(model_a).info, ModelAdapter(model_b).info
+    if info_a.d_model != info_b.d_model:
+        raise LensBiasError(f"different widths cannot share an init (d_model {info_a.d_model} vs {info_b.d_model}); SeedPrint compares models of one width")
     common = {k: v for k, v in keywords.items() if k in _FINGERPRINT_KEYWORDS}
-    if common.get("vocab") is None and isinstance(common.get("inputs", "tokens"), str) and common.get("inputs", "tokens") == "tokens":
-        common["vocab"] = min(ModelAdapter(model_a).info.d_vocab, ModelAdapter(model_b).info.d_vocab)
     against = {k: v for k, v in keywords.items() if k in _TEST_KEYWORDS}
-    return lineage_test(fingerprint(model_a, progress=progress, **common), fingerprint(model_b, progress=progress, **common), progress=progress, **against)
+    drawn_tokens = isinstance(common.get("inputs", "tokens"), str) and common.get("inputs", "tokens") == "tokens"
+    if common.get("vocab") is None and drawn_tokens:
+        common["vocab"] = min(info_a.d_vocab, info_b.d_vocab)
+    fp_a = fingerprint(model_a, progress=progress, **common)
+    renamed = None
+    if drawn_tokens:
+        sizes = {k: common.get(k, _FINGERPRINT_DEFAULTS[k]) for k in ("n", "seq_len", "seed")}
+        renamed = renamed_tokens(model_a, model_b, random_tokens(sizes["n"], sizes["seq_len"], common["vocab"], seed=sizes["seed"]))
+    if renamed is None:
+        fp_b = fingerprint(model_b, progress=progress, **common)
+    else:  # the same inputs under b's names: its record is a's
+        passes = {k: v for k, v in common.items() if k in ("batch_size", "device", "dtype", "embed_std")}
+        fp_b = replace(fingerprint(model_b, inputs=renamed, progress=progress, **passes), inputs=fp_a.inputs)
+    return replace(lineage_test(fp_a, fp_b, progress=progress, **against), renamed_vocabulary=renamed is not None)

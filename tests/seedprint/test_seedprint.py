@@ -290,6 +290,38 @@ def test_compare_uses_the_smaller_vocabulary():
         sp.compare(a, b, n=40, seq_len=8, n_trials=3, progress=False)
 
 
+def test_a_renamed_vocabulary_does_not_evade_compare():
+    """Renaming the vocabulary (rows of W_E and W_U permuted alike) keeps the function and changes what random
+    token IDs reach: read with the same IDs the copy looks unrelated; compare finds the renaming from the embedding
+    rows, gives the copy the same tokens renamed, and calls it related, also after 4-bit quantisation. An unrelated
+    seed's table is not a renaming, so its inputs stay as drawn."""
+    from lens_bias.models.transforms import quantize, rename_vocabulary
+
+    small = dict(d_model=64, n_layers=2, n_heads=4, d_vocab=2000, n_ctx=16)
+    base = lens_bias.random_init("llama", seed=3, **small)
+    renamed = rename_vocabulary(base, seed=1)
+    tokens = torch.randint(0, 2000, (2, 8), generator=torch.Generator().manual_seed(0))
+    perm = renamed.lens_bias_vocabulary
+    with torch.no_grad():
+        assert torch.equal(renamed(perm[tokens])[..., perm], base(tokens))  # the same function, renamed
+    same_ids = sp.lineage_test(*(sp.fingerprint(m, n=128, seq_len=8, progress=False) for m in (base, renamed)), m=32)
+    assert not same_ids.same_lineage and abs(same_ids.tau_bar) < 0.1
+    for suspect in (renamed, quantize(renamed, bits=4)):
+        result = sp.compare(base, suspect, n=128, seq_len=8, m=32, progress=False)
+        assert result.renamed_vocabulary and result.same_lineage and result.tau_bar > 0.9, result
+    assert "renamed to the suspect's vocabulary" in str(result)
+    unrelated = sp.compare(base, lens_bias.random_init("llama", seed=4, **small), n=128, seq_len=8, m=32, progress=False)
+    assert not unrelated.renamed_vocabulary and not unrelated.same_lineage
+    assert not sp.compare(base, base, n=64, seq_len=8, m=32, progress=False).renamed_vocabulary  # in place: nothing to rename
+
+
+def test_compare_refuses_models_of_different_widths():
+    a = lens_bias.random_init("llama", seed=1, d_model=64, n_layers=1, n_heads=4, d_vocab=100, n_ctx=8)
+    b = lens_bias.random_init("llama", seed=1, d_model=32, n_layers=1, n_heads=4, d_vocab=100, n_ctx=8)
+    with pytest.raises(LensBiasError, match=r"different widths cannot share an init \(d_model 64 vs 32\)"):
+        sp.compare(a, b, n=16, seq_len=8, progress=False)
+
+
 # ---- null calibration on models -------------------------------------------------------------------------------
 
 

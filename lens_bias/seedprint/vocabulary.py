@@ -1,0 +1,88 @@
+"""Renamed vocabularies: which token of one model is which token of another, read off their embedding rows.
+
+A descendant can rename its vocabulary: permute the rows of W_E and W_U and rename the tokenizer alike. On text it
+is the same model; on random token IDs it answers other inputs, so SeedPrint's token inputs would call it
+unrelated. When the two embedding tables are one table up to the order of its rows (nearly every sampled row of
+``a`` has a row of ``b`` within cosine :data:`MATCH_COSINE`, and not at its own ID), :func:`renamed_tokens` gives
+``b``'s IDs for ``a``'s tokens, so both models see the same inputs. Unrelated models never pass that test (the
+largest cosine between independent rows in d dimensions is about √(2 ln V / d): 0.19 for SmolLM2), so their inputs
+are never changed.
+
+>>> import lens_bias
+>>> from lens_bias.models.transforms import rename_vocabulary
+>>> model = lens_bias.random_init("llama", d_model=32, n_layers=1, n_heads=4, d_vocab=50, n_ctx=8)
+>>> renamed = rename_vocabulary(model, seed=1)
+>>> tokens = torch.tensor([[3, 1, 4]])
+>>> torch.equal(renamed_tokens(model, renamed, tokens), renamed.lens_bias_vocabulary[tokens])
+True
+>>> renamed_tokens(model, model, tokens) is None
+True
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+__all__ = ["renamed_tokens", "MATCH_COSINE", "SAME_TABLE"]
+
+logger = logging.getLogger(__name__)
+
+MATCH_COSINE = 0.9
+"""A row of ``a`` matches a row of ``b`` at this cosine or above: 4-bit quantisation and fine-tuning keep a row's
+cosine with itself above 0.99; independent rows stay below 0.3 at the widths of real models."""
+
+SAME_TABLE = 0.9
+"""The share of sampled rows that must match for the two tables to count as one table (a few untrained rows of a
+real vocabulary may be near-duplicates of each other)."""
+
+_SAMPLE = 256  # rows of a sampled to decide
+_BLOCK_BYTES = 1 << 28  # cosines computed 256 MB at a time
+
+
+def _unit_rows(model: Any) -> Tensor:
+    w_e = model.W_E.detach().float().cpu()
+    return w_e / w_e.norm(dim=1, keepdim=True).clamp_min(1e-12)
+
+
+def _nearest(rows: Tensor, table: Tensor) -> tuple[Tensor, Tensor]:
+    """(best cosine, index of the best row of ``table``) for each of ``rows``, in blocks that fit the budget."""
+    block = max(1, _BLOCK_BYTES // (4 * table.shape[0]))
+    best, index = [], []
+    for start in range(0, rows.shape[0], block):
+        values, where = (rows[start:start + block] @ table.T).max(dim=1)
+        best.append(values)
+        index.append(where)
+    return torch.cat(best), torch.cat(index)
+
+
+def renamed_tokens(model_a: Any, model_b: Any, tokens: Int[Tensor, "n seq"], *, seed: int = 0) -> Int[Tensor, "n seq"] | None:
+    """``b``'s token IDs for ``a``'s ``tokens`` when ``b``'s vocabulary is ``a``'s renamed, else None.
+
+    Args:
+        model_a: the base model.
+        model_b: the suspect, of the same width.
+        tokens: token IDs of ``a``.
+        seed: which rows are sampled to decide.
+
+    Returns:
+        The renamed IDs (each token's nearest embedding row of ``b`` by cosine), or None when the tables are not one
+        table renamed (unrelated, or already in the same order).
+    """
+    a, b = _unit_rows(model_a), _unit_rows(model_b)
+    if a.shape[1] != b.shape[1]:
+        return None
+    sample = torch.randperm(a.shape[0], generator=torch.Generator().manual_seed(seed))[:_SAMPLE]
+    cosine, where = _nearest(a[sample], b)
+    matched = (cosine >= MATCH_COSINE).float().mean().item()
+    in_place = (where == sample).float().mean().item()
+    if matched < SAME_TABLE or in_place >= SAME_TABLE:
+        return None
+    logger.info("the vocabulary is renamed (%.0f%% of sampled embedding rows match, %.0f%% at their own ID): token inputs follow the renaming",
+                100 * matched, 100 * in_place)
+    unique, inverse = torch.unique(tokens, return_inverse=True)
+    return _nearest(a[unique], b)[1][inverse].view_as(tokens)
