@@ -3,6 +3,7 @@ and 6 of the real-model suite, measured on small N. Loaded once per session (con
 
 from __future__ import annotations
 
+import copy
 import importlib.metadata
 import sys
 
@@ -289,3 +290,33 @@ def test_a_trained_report_reads_as_one(smollm2, tmp_path):
     page = report.to_html(tmp_path / "smollm2.html").read_text()
     assert page.index("Anatomy of the sink") < page.index("<h2>Attention sinks</h2>") < page.index("<h2>Token preference</h2>")
     assert "ColoredTokens" in page and page.count("CircuitsVis.render(") == 1  # the favourites; no view that says nothing
+
+
+# ---- a renamed vocabulary (issue: it must not evade the default test) ------------------------------------------
+
+
+def test_a_renamed_vocabulary_is_found_by_compare(smollm2, smollm2_hf):
+    """SmolLM2 with its embedding and unembedding rows permuted by one permutation is the same model on text under
+    the renamed tokenizer (logits equal up to the renaming, max |Δ| 0). Read with the same token IDs it looks
+    unrelated (τ̄ ≈ 0); compare finds the renaming and calls it related (τ̄ ≈ 1). A vocabulary grown by 16 tokens
+    (``resize_token_embeddings``) keeps its IDs and is found as it is."""
+    from lens_bias import seedprint as sp
+    from lens_bias.models.transforms import rename_vocabulary
+
+    renamed = rename_vocabulary(smollm2, seed=0)
+    perm = renamed.lens_bias_vocabulary
+    tokens = text_tokens(smollm2.tokenizer, 2, 16, seed=3)
+    with torch.no_grad():
+        assert (renamed(perm[tokens])[..., perm] - smollm2(tokens)).abs().max().item() == 0.0
+    sizes = dict(n=512, seq_len=16, progress=False)
+    same_ids = sp.lineage_test(sp.fingerprint(smollm2, **sizes), sp.fingerprint(renamed, **sizes))
+    assert not same_ids.same_lineage and abs(same_ids.tau_bar) < 0.02
+    found = sp.compare(smollm2, renamed, **sizes)
+    assert found.renamed_vocabulary and found.same_lineage and found.tau_bar > 0.99 and found.log10_p < -10
+    del renamed
+    hf, tokenizer = smollm2_hf
+    grown_hf = copy.deepcopy(hf)
+    grown_hf.resize_token_embeddings(hf.config.vocab_size + 16)
+    grown = from_hf(grown_hf, tokenizer)
+    result = sp.compare(smollm2, grown, **sizes)
+    assert not result.renamed_vocabulary and result.same_lineage and result.tau_bar > 0.99
