@@ -17,6 +17,7 @@ from lens_bias import experiments, hooks, models, seedprint
 from lens_bias.analyses.ablation import ablate
 from lens_bias.analyses.base import SECTIONS, Analysis, Result, run_analyses
 from lens_bias.analyses.massive import massive_ablation, massive_activations
+from lens_bias.analyses.massive_writes import massive_writes
 from lens_bias.analyses.perplexity import PerplexityTable, perplexity
 from lens_bias.analyses.sink_attribution import sink_attribution
 from lens_bias.analyses.super_experts import super_experts
@@ -40,7 +41,7 @@ from lens_bias.training import train
 __version__ = "0.1.0"
 __all__ = [
     "analyze", "ablate", "random_init", "pretrained", "from_hf", "random_tokens", "random_embeddings", "text_tokens", "intervene",
-    "fingerprint", "compare", "train", "perplexity", "sink_attribution", "super_weights", "super_weight_table", "super_experts", "massive_activations", "massive_ablation",
+    "fingerprint", "compare", "train", "perplexity", "sink_attribution", "super_weights", "super_weight_table", "super_experts", "massive_activations", "massive_ablation", "massive_writes",
     "viz", "models", "hooks", "seedprint", "experiments", "BiasReport", "Fingerprint", "SeedPrintResult", "PerplexityTable", "SECTIONS",
     "ModelSpec", "ModelAdapter", "ModelInfo", "Probe", "Analysis", "Result", "run_analyses", "InputSpec", "RandomTokens", "RandomEmbeddings", "LensBiasError",
 ]

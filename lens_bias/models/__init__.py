@@ -10,8 +10,8 @@ one loader for any MODEL string (:func:`load_model`), and model transforms (:mod
 from lens_bias.models import architectures  # noqa: F401 - defines, and so registers, every family
 from lens_bias.models.checkpoints import load_checkpoint, save_checkpoint
 from lens_bias.models.huggingface import from_hf, load_hf, pretrained
-from lens_bias.models.shipped import SHIPPED, shipped_gguf
 from lens_bias.models.init import random_init, redraw
+from lens_bias.models.shipped import SHIPPED, shipped_gguf
 from lens_bias.models.sources import SOURCES, Source, load_model
 from lens_bias.models.spec import ARCHITECTURES, ModelSpec, parse_model_spec
 

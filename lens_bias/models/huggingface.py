@@ -332,8 +332,9 @@ def _hooked_from_hf(hf: Any, architecture: str, tokenizer: Any, model_name: str,
     )
     with torch.random.fork_rng(devices=[]):  # the constructor draws placeholder weights from the global RNG
         model = HookedTransformer(cfg, tokenizer=tokenizer) if tokenizer is not None else HookedTransformer(cfg)
-    state = {k: v.detach().clone() for k, v in convert(hf, cfg).items()}
-    # No folding or centring: hook values and weights stay those of the Hugging Face model.
+    # Views of the Hugging Face weights: loading copies them into the model's own parameters (no second copy of a
+    # 1.5B model in memory). No folding or centring: hook values and weights stay those of the Hugging Face model.
+    state = {k: v.detach() for k, v in convert(hf, cfg).items()}
     model.load_and_process_state_dict(state, fold_ln=False, center_writing_weights=False, center_unembed=False, fold_value_biases=False)
     return model
 

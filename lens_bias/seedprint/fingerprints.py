@@ -276,6 +276,8 @@ def as_features(x: FeaturesLike, name: str, align: str | None = None) -> Float[T
 
 def check_compatible(a: FeaturesLike, b: FeaturesLike, fa: Tensor, fb: Tensor) -> None:
     """Refuse two feature matrices that do not come from the same inputs (shape, or the fingerprints' input records)."""
+    if fa.shape[0] == fb.shape[0] and fa.shape[1:] != fb.shape[1:]:
+        raise LensBiasError(f"different widths cannot share an init ({fa.shape[1]} vs {fb.shape[1]} features); SeedPrint compares models of one width")
     if fa.shape != fb.shape:
         raise LensBiasError(
             f"feature matrices must have the same shape (rows = the same inputs in the same order, same width); "
@@ -283,7 +285,7 @@ def check_compatible(a: FeaturesLike, b: FeaturesLike, fa: Tensor, fb: Tensor) -
         )
     if isinstance(a, Fingerprint) and isinstance(b, Fingerprint):
         keys = sorted(set(a.inputs) | set(b.inputs))
-        differ = [k for k in keys if a.inputs.get(k) != b.inputs.get(k)]
+        differ = [k for k in keys if k != "renamed" and a.inputs.get(k) != b.inputs.get(k)]  # renamed: the same inputs, renamed
         if differ:
             detail = ", ".join(f"{k}: {a.inputs.get(k)!r} vs {b.inputs.get(k)!r}" for k in differ if k != "digest")
             raise LensBiasError(

@@ -28,19 +28,20 @@ from torch import Tensor
 
 from lens_bias.core.adapter import ModelAdapter
 from lens_bias.core.errors import LensBiasError
-from lens_bias.core.inputs import random_tokens
 from lens_bias.seedprint.align import ALIGN_MODES, FIT_FRACTION
 from lens_bias.seedprint.fingerprints import (
     FeaturesLike,
+    Fingerprint,
     as_features,
     check_compatible,
     fingerprint,
+    regenerate_inputs,
 )
 from lens_bias.seedprint.nulls import NULLS, AnalyticNull, Case, Null
 from lens_bias.seedprint.statistic import MODES, tau_statistic
 from lens_bias.seedprint.vocabulary import renamed_tokens
 
-__all__ = ["SeedPrintResult", "lineage_test", "compare", "ALPHA", "STRONG"]
+__all__ = ["SeedPrintResult", "lineage_test", "compare", "fingerprint_like", "ALPHA", "STRONG"]
 
 # The papers' significance level for "same lineage", and the bar a known descendant must clear (LeaFBench-style
 # "overwhelmingly related", as the papers report related pairs at p ≲ 1e-10).
@@ -184,7 +185,6 @@ def lineage_test(
 
 
 _FINGERPRINT_KEYWORDS = [name for name in inspect.signature(fingerprint).parameters if name not in ("model", "distributed")]
-_FINGERPRINT_DEFAULTS = {name: p.default for name, p in inspect.signature(fingerprint).parameters.items()}
 _TEST_KEYWORDS = [name for name in inspect.signature(lineage_test).parameters if name not in ("a", "b", "progress")]
 
 
@@ -211,13 +211,31 @@ def compare(model_a: Any, model_b: Any, *, progress: bool = True, **keywords: An
     if common.get("vocab") is None and drawn_tokens:
         common["vocab"] = min(info_a.d_vocab, info_b.d_vocab)
     fp_a = fingerprint(model_a, progress=progress, **common)
-    renamed = None
-    if drawn_tokens:
-        sizes = {k: common.get(k, _FINGERPRINT_DEFAULTS[k]) for k in ("n", "seq_len", "seed")}
-        renamed = renamed_tokens(model_a, model_b, random_tokens(sizes["n"], sizes["seq_len"], common["vocab"], seed=sizes["seed"]))
+    passes = {k: v for k, v in common.items() if k in ("batch_size", "device", "dtype", "embed_std")}
+    fp_b = fingerprint_like(model_b, model_a, fp_a, progress=progress, **passes) if drawn_tokens else fingerprint(model_b, progress=progress, **common)
+    return replace(lineage_test(fp_a, fp_b, progress=progress, **against), renamed_vocabulary=bool(fp_b.inputs.get("renamed")))
+
+
+def fingerprint_like(model: Any, base_model: Any, base: Fingerprint, *, progress: bool = False, **passes: Any) -> Fingerprint:
+    """``model``'s fingerprint on the random token inputs ``base`` (``base_model``'s) was made from; when ``model``'s
+    vocabulary is ``base_model``'s renamed (:func:`~lens_bias.seedprint.vocabulary.renamed_tokens`), on the same
+    tokens under their new IDs, recorded as ``inputs["renamed"] = True``.
+
+    Args:
+        model: the suspect.
+        base_model: the model ``base`` was made from.
+        base: a fingerprint on drawn token inputs.
+        progress: a progress bar.
+        **passes: ``batch_size``, ``device``, ``dtype`` of :func:`~lens_bias.seedprint.fingerprint`.
+
+    Returns:
+        A fingerprint whose input record is ``base``'s (with ``renamed`` added when renamed).
+    """
+    record = base.inputs
+    if record.get("kind") != "tokens" or record.get("seed") is None:
+        raise LensBiasError("fingerprint_like reads a fingerprint made on drawn token inputs (inputs='tokens')")
+    tokens = regenerate_inputs(base)[0:record["n"]]
+    renamed = renamed_tokens(base_model, model, tokens)
     if renamed is None:
-        fp_b = fingerprint(model_b, progress=progress, **common)
-    else:  # the same inputs under b's names: its record is a's
-        passes = {k: v for k, v in common.items() if k in ("batch_size", "device", "dtype", "embed_std")}
-        fp_b = replace(fingerprint(model_b, inputs=renamed, progress=progress, **passes), inputs=fp_a.inputs)
-    return replace(lineage_test(fp_a, fp_b, progress=progress, **against), renamed_vocabulary=renamed is not None)
+        return fingerprint(model, inputs="tokens", n=record["n"], seq_len=record["seq_len"], seed=record["seed"], vocab=record["vocab"], progress=progress, **passes)
+    return replace(fingerprint(model, inputs=renamed, progress=progress, **passes), inputs={**record, "renamed": True})

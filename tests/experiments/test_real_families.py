@@ -30,7 +30,7 @@ def family(request) -> tuple[str, Any, Any, Any]:
     name = request.param
     _real_model_or_skip(name, opt_in=FAMILIES[name])
     hf, tokenizer = load_hf(name)
-    model = from_hf(copy.deepcopy(hf), tokenizer, model_name=name)  # a bridge takes its module over
+    model = from_hf(copy.deepcopy(hf) if BACKEND == "bridge" else hf, tokenizer, model_name=name)  # a bridge takes its module over
     return name, model, hf, tokenizer
 
 

@@ -1,0 +1,123 @@
+"""Where a massive activation is written: one residual dimension at one position, split into what the embedding and
+each layer's attention and MLP add to it.
+
+The residual stream is a sum, ``h_L = embed + Σ_l (attn_l + mlp_l)``, so the value of dimension ``dim`` at
+``position`` after the last block is exactly the sum of the writes this analysis reads (``hook_embed`` or
+``blocks.0.hook_resid_pre``, then ``hook_attn_out`` and ``hook_mlp_out`` of every block), averaged over sequences;
+``residual`` checks it. On a LLaMA-style model (SmolLM2, Qwen2.5) the MLP writes its down-projection straight into
+the residual, so a super weight of ``down_proj`` can be the writer. Gemma 3 normalises each sub-layer's output
+before adding it (its ``post_feedforward_layernorm`` and ``post_attention_layernorm``): ``hook_mlp_out`` is after
+that norm, and the write is bounded by the norm's gain at ``dim`` times √d, whatever the weights before it. The
+table says which layer writes, and ``post_norm`` says whether the write passed through such a norm.
+
+>>> import lens_bias
+>>> m = lens_bias.random_init("llama", d_model=32, n_layers=2, n_heads=4, d_vocab=50, n_ctx=8)
+>>> w = massive_writes(m, lens_bias.random_tokens(4, 8, 50, seed=0), dim=3)
+>>> abs(w.total - w.residual) < 1e-4 * max(1.0, abs(w.residual))
+True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+from jaxtyping import Int
+from torch import Tensor
+
+from lens_bias.analyses.base import Result
+from lens_bias.core.adapter import ModelAdapter, Probe
+from lens_bias.core.errors import LensBiasError
+
+__all__ = ["massive_writes", "MassiveWrites"]
+
+
+@dataclass
+class MassiveWrites(Result):
+    """Mean writes into residual dimension ``dim`` at ``position``: the embedding's, then each layer's attention and MLP."""
+
+    dim: int
+    position: int
+    embed: float  # the embedding's value at (position, dim)
+    attn: list[float]  # per layer
+    mlp: list[float]  # per layer
+    residual: float  # the residual after the last block, read directly (the sum of the writes, to float32 rounding)
+    post_norm: bool  # the sub-layers' outputs pass through a norm before they are added (Gemma's sandwich norms)
+    n: int
+
+    @property
+    def total(self) -> float:
+        """embed + Σ attn + Σ mlp: equals ``residual``."""
+        return self.embed + sum(self.attn) + sum(self.mlp)
+
+    def top_writer(self) -> tuple[str, int | None]:
+        """("embed", None), ("attn", layer) or ("mlp", layer): the single largest write by magnitude."""
+        candidates = [("embed", None, self.embed)] + [("attn", l, v) for l, v in enumerate(self.attn)] + [("mlp", l, v) for l, v in enumerate(self.mlp)]
+        kind, layer, _ = max(candidates, key=lambda c: abs(c[2]))
+        return kind, layer
+
+    def to_pandas(self) -> pd.DataFrame:
+        """One row per layer: the attention's and the MLP's write, and the residual after the block (running sum)."""
+        running, rows = self.embed, []
+        for layer, (a, m) in enumerate(zip(self.attn, self.mlp)):
+            running += a + m
+            rows.append({"layer": layer, "attn_write": a, "mlp_write": m, "resid_after": running})
+        return pd.DataFrame(rows)
+
+    def summary(self) -> str:
+        kind, layer = self.top_writer()
+        writer = "the embedding" if layer is None else f"layer {layer}'s {'attention' if kind == 'attn' else 'MLP'}"
+        norm = " (through a post-sub-layer norm)" if self.post_norm and layer is not None else ""
+        return (f"dim {self.dim} at position {self.position}: {self.residual:.4g} after the last block; "
+                f"the largest single write is {writer}{norm}, the embedding gives {self.embed:.4g}")
+
+    def headline(self) -> dict[str, Any]:
+        kind, layer = self.top_writer()
+        return {"dim": self.dim, "position": self.position, "value": self.residual, "embed": self.embed,
+                "top_writer": kind if layer is None else f"{kind} {layer}", "post_norm": self.post_norm}
+
+
+def _at(position: int, dim: int) -> Any:
+    return lambda x: x[:, position, dim].double().sum(dim=0)
+
+
+def massive_writes(model: Any, tokens: Int[Tensor, "n seq"], *, dim: int | None = None, position: int = 0) -> MassiveWrites:
+    """The writes into residual dimension ``dim`` at ``position``, averaged over ``tokens``' sequences.
+
+    Args:
+        model: a TransformerLens model (not modified).
+        tokens: token IDs ``[n, seq]``.
+        dim: the residual dimension (default: the largest mean |h| at ``position`` after the last block).
+        position: the token position (0: the first token, where massive activations live).
+
+    Returns:
+        A :class:`MassiveWrites`.
+    """
+    adapter = ModelAdapter(model)
+    info = adapter.info
+    if not isinstance(tokens, Tensor) or tokens.ndim != 2 or tokens.dtype.is_floating_point:
+        raise LensBiasError("massive_writes needs token IDs: an integer tensor [n, seq] (e.g. lens_bias.core.inputs.text_tokens)")
+    if not 0 <= position < tokens.shape[1]:
+        raise LensBiasError(f"position {position} is outside sequences of {tokens.shape[1]} tokens")
+    last = f"blocks.{info.n_layers - 1}.hook_resid_post"
+    if dim is None:
+        kept = adapter.collect(tokens, [Probe(last, f"abs_at_{position}", lambda x: x[:, position].abs().double().sum(dim=0), combine="sum")])
+        dim = int(next(iter(kept.values())).argmax())
+    if not 0 <= dim < info.d_model:
+        raise LensBiasError(f"dim {dim} is outside the residual stream's {info.d_model} dimensions")
+    hooks = ["blocks.0.hook_resid_pre", last] + [f"blocks.{l}.hook_{part}_out" for l in range(info.n_layers) for part in ("attn", "mlp")]
+    missing = [h for h in hooks if not adapter.has_hook(h)]
+    if missing:
+        raise LensBiasError(f"massive_writes reads {missing[0]}, which this model does not have")
+    probes = [Probe(h, f"at_{position}_{dim}", _at(position, dim), combine="sum") for h in hooks]
+    kept = adapter.collect(tokens, probes)
+    mean = {p.hook: float(kept[p.key]) / tokens.shape[0] for p in probes}
+    names = {name for name, _ in model.named_modules()}
+    post_norm = any(n.endswith(("ln2_post", "post_feedforward_layernorm")) for n in names)
+    return MassiveWrites(
+        dim=dim, position=position, embed=mean["blocks.0.hook_resid_pre"],
+        attn=[mean[f"blocks.{l}.hook_attn_out"] for l in range(info.n_layers)],
+        mlp=[mean[f"blocks.{l}.hook_mlp_out"] for l in range(info.n_layers)],
+        residual=mean[last], post_norm=post_norm, n=int(tokens.shape[0]),
+    )
