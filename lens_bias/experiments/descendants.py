@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Union
 
@@ -40,6 +40,7 @@ from lens_bias.models.transforms import (
     quantize,
     random_inits,
     relative_change,
+    rename_vocabulary,
     rotate_residual,
 )
 from lens_bias.seedprint.lineage import ALPHA, STRONG
@@ -90,6 +91,10 @@ PRESETS = {
     # n_random stays 10: an aligned test's seeds null of k inits needs z > 32 for p < 1e-10 at k = 10 (Student-t,
     # k − 1 dof), z > 2489 at k = 4.
     "tiny": DescendantsConfig(n=256, seq_len=8, finetune_steps=4, finetune_batch=4, finetune_seq_len=16, eval_blocks=4),
+    # Across the real families (docs/experiments/real-families.md): n above 2·D for the orthogonal and linear fits at
+    # Qwen2.5-0.5B's D 896; shorter fine-tunes (a 0.5B step is ~6× SmolLM2's); 8 random inits give 8 + 28 unrelated
+    # pairs per family.
+    "family": DescendantsConfig(n=2048, finetune_steps=10, n_random=8),
 }
 
 # Which align modes can see through each kind of descendant (a basis kept is the identity map, which every mode fits).
@@ -109,6 +114,8 @@ class DescendantsResult:
     fingerprints: dict[str, seedprint.Fingerprint]  # "base" and every target: re-test with another m or null
     config: dict[str, Any]
     seconds: float
+    pairs: pd.DataFrame = field(default_factory=pd.DataFrame)  # every tested pair: align, a, b, related, score (−log10 p), p
+    not_made: dict[str, str] = field(default_factory=dict)  # descendants this architecture cannot have, and why
 
     @property
     def all_as_expected(self) -> bool:
@@ -135,6 +142,7 @@ class DescendantsResult:
             + markdown_table(models, formats={"weight_change": ".3g", "seconds": ".0f"}) + "\n\n"
             + markdown_table(self.metrics, formats={c: ".4f" for c in ("auc", "accuracy", "tpr", "fpr", "tpr_at_1pct_fpr")})
             + f"\n\nbase code loss {self.base_eval_loss:.3f} nats\n"
+            + "".join(f"\nnot made: {name}: {reason}\n" for name, reason in self.not_made.items())
         )
 
 
@@ -185,7 +193,7 @@ def real_descendants(
     made: dict[str, Any] = {}  # descendants later ones are made from
 
     def keep(key: str, made_as: tuple[Any, float | None]) -> tuple[Any, float | None]:
-        made[key] = made_as[0]
+        made[key], made[f"{key}_loss"] = made_as
         return made_as
 
     rotated = f"rotated (seed {cfg.basis_seed})"
@@ -200,22 +208,35 @@ def real_descendants(
         (rotated, _ROTATED, lambda: keep("rotated", (rotate_residual(model, cfg.basis_seed), None))),
         (f"{rotated}, fine-tuned {cfg.finetune_steps} steps", _ROTATED, lambda: tune(made["rotated"])),
         (f"{rotated}, 4-bit", _ROTATED, lambda: (quantize(made["rotated"], 4, cfg.group_size), None)),
+        # a renamed vocabulary keeps the basis; compare reads it through its renamed tokens (fingerprint_like)
+        (f"renamed vocabulary (seed {cfg.basis_seed})", _KEEPS_BASIS, lambda: (rename_vocabulary(model, cfg.basis_seed), None)),
+        (f"renamed, fine-tuned {cfg.finetune_steps} steps", _KEEPS_BASIS, lambda: (rename_vocabulary(made["tuned"], cfg.basis_seed), made["tuned_loss"])),
+        ("renamed, 4-bit", _KEEPS_BASIS, lambda: (quantize(rename_vocabulary(model, cfg.basis_seed), 4, cfg.group_size), None)),
     ]
     _check_sizes(model, cfg, data, n_models=1 + len(makers) + cfg.n_random)
     bar = tqdm(total=1 + len(makers) + cfg.n_random, desc="real descendants", disable=not progress)
     base = fingerprint(model)
-    prints, rows, covers = {"base": base}, [], {}
+    prints, rows, covers, not_made = {"base": base}, [], {}, {}
     bar.update()
     base_loss = evaluate(model, held_out)
     for name, covered, make in makers:
         began = time.perf_counter()
-        target, loss = make()
-        prints[name] = fingerprint(target)
+        try:
+            target, loss = make()
+        except (LensBiasError, KeyError) as err:  # e.g. a rotation cannot be folded into Gemma's post-norms; KeyError: its parent was not made
+            reason = str(err) if isinstance(err, LensBiasError) else f"needs the {err.args[0]} descendant, which was not made"
+            logger.info("%s not made: %s", name, reason)
+            not_made[name] = reason
+            bar.update()
+            continue
+        prints[name] = seedprint.fingerprint_like(target, model, base)  # a renamed vocabulary reads the base's tokens renamed
         covers[name] = covered
-        # a weight change is only defined in the base's basis
-        change = relative_change(model, target) if covered == _KEEPS_BASIS else float("nan")
+        # a weight change is only defined in the base's basis (and vocabulary order)
+        change = relative_change(model, target) if covered == _KEEPS_BASIS and not prints[name].inputs.get("renamed") else float("nan")
+        renaming = getattr(target, "lens_bias_vocabulary", None)  # a renamed model reads the held-out text renamed
         rows.append({"target": name, "kind": "descendant", "weight_change": change,
-                     "eval_loss": evaluate(target, held_out) if loss is None else loss, "seconds": time.perf_counter() - began})
+                     "eval_loss": evaluate(target, held_out if renaming is None else renaming[held_out]) if loss is None else loss,
+                     "seconds": time.perf_counter() - began})
         logger.info("%s fingerprinted (%.0f s so far)", name, time.perf_counter() - started)
         bar.update()
     made.clear()
@@ -231,7 +252,7 @@ def real_descendants(
         bar.update()
     bar.close()
     models = pd.DataFrame(rows)
-    tests, metrics = [], []
+    tests, metrics, pairs = [], [], []
     for mode in cfg.align_modes:
         scores, labels = [], []
         for name in models.target:
@@ -247,10 +268,20 @@ def real_descendants(
                           "verdict": "related" if res.same_lineage else "unrelated", "expected": expected, "ok": ok})
             scores.append(-res.log10_p)
             labels.append(descendant)
-        metrics.append({"align": str(mode), **detection_metrics(scores, labels)})
+            pairs.append({"align": str(mode), "a": "base", "b": name, "related": descendant, "score": -res.log10_p, "p": res.p})
+        # the random inits against each other: more unrelated pairs at no fingerprinting cost (TPR at 1% FPR needs them)
+        for i, first in enumerate(randoms):
+            for second in randoms[i + 1:]:
+                null = seedprint.AnalyticNull() if mode is None else seedprint.SeedsNull(
+                    fingerprints=[prints[r] for r in randoms if r not in (first, second)], label="random inits of the config")
+                res = seedprint.lineage_test(prints[first], prints[second], ratio_k=cfg.ratio_k, alpha=ALPHA, align=mode, null=null)
+                scores.append(-res.log10_p)
+                labels.append(False)
+                pairs.append({"align": str(mode), "a": first, "b": second, "related": False, "score": -res.log10_p, "p": res.p})
+        metrics.append({"align": str(mode), "related_pairs": sum(labels), "unrelated_pairs": len(labels) - sum(labels), **detection_metrics(scores, labels)})
     return DescendantsResult(
         table=pd.DataFrame(tests), models=models, metrics=pd.DataFrame(metrics), base_eval_loss=base_loss, fingerprints=prints,
-        config=cfg.to_dict(), seconds=time.perf_counter() - started,
+        config=cfg.to_dict(), seconds=time.perf_counter() - started, pairs=pd.DataFrame(pairs), not_made=not_made,
     )
 
 

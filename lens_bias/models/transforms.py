@@ -251,7 +251,9 @@ _HOOKED_ROLES = {"attn.W_Q": ("read", "ln1"), "attn.W_K": ("read", "ln1"), "attn
                  "mlp.b_out": ("write", None)}
 # parameters the residual basis does not touch (head-space and MLP-space biases, the unembedding's bias)
 _UNTOUCHED = ("attn.q.bias", "attn.k.bias", "attn.v.bias", "attn.b_Q", "attn.b_K", "attn.b_V", "mlp.b_in", "mlp.gate.bias", "mlp.in.bias",
-              "unembed.bias", "unembed.b_U")
+              "unembed.bias", "unembed.b_U", "attn.q_norm.weight", "attn.k_norm.weight")  # QK norms act per head
+# Gemma's norms on each sub-layer's output, before it is added: their gains act on the residual's coordinates
+_POST_GAINS = ("ln1_post.weight", "ln2_post.weight")
 
 
 def _role(name: str) -> tuple[str, str | None]:
@@ -268,6 +270,8 @@ def _role(name: str) -> tuple[str, str | None]:
                 return table[leaf]
         if leaf in ("ln1.weight", "ln2.weight", "ln1.w", "ln2.w"):
             return "gain", None
+        if leaf in _POST_GAINS:
+            return "post_gain", None
     if name in ("embed.weight", "embed.W_E"):
         return "embed", None
     if name in ("unembed.weight", "unembed.W_U"):
@@ -301,7 +305,10 @@ def _change_basis(model: Any, basis: Tensor, *, fold: bool) -> Any:
         role, norm = _role(name)
         w = p.detach().float()
         g = gains[_gain_name(name, norm)] if norm is not None and fold else None
-        if role == "gain":
+        if role == "post_gain" and fold:
+            raise LensBiasError("a rotation of the residual basis cannot be folded into post-sub-layer norms (Gemma's): their gains act on "
+                                "the residual's coordinates after normalising, with no matrix after them; permute_residual keeps the function")
+        if role == "gain" or role == "post_gain":
             new[name] = torch.ones_like(w) if fold else r @ w
         elif role == "embed":
             new[name] = w @ r.T  # rows are embedding vectors: e ← R·e

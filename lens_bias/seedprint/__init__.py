@@ -43,6 +43,7 @@ from lens_bias.seedprint.lineage import (
     STRONG,
     SeedPrintResult,
     compare,
+    fingerprint_like,
     lineage_test,
 )
 from lens_bias.seedprint.nulls import (
@@ -57,7 +58,7 @@ from lens_bias.seedprint.nulls import (
 from lens_bias.seedprint.statistic import MODES, identity_dims, tau_null_sd
 
 __all__ = [
-    "Fingerprint", "SeedPrintResult", "fingerprint", "lineage_test", "compare", "calibrate", "identity_dims", "tau_null_sd",
+    "Fingerprint", "SeedPrintResult", "fingerprint", "lineage_test", "compare", "fingerprint_like", "calibrate", "identity_dims", "tau_null_sd",
     "seed_null_fingerprints", "regenerate_inputs", "Null", "AnalyticNull", "EmpiricalNull", "SeedsNull", "null_named", "NULLS", "MODES",
     "FeaturesLike", "ALPHA", "STRONG", "ALIGN_MODES", "pairwise_lineage", "LineageMatrix",
 ]

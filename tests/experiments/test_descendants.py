@@ -21,7 +21,7 @@ from lens_bias.seedprint.align import ALIGN_MODES
 from lens_bias.training import fine_tune
 from lens_bias.training.data import TokenData
 
-from ..conftest import assert_same_state, state_copy, tiny
+from ..conftest import assert_same_state, requires_tl4, state_copy, tiny
 
 ARCHS = ("llama", "gpt2")
 
@@ -224,7 +224,7 @@ def test_experiment_on_a_tiny_model(code_blocks):
     assert_same_state(model, before)
     table, config = result.to_pandas(), D.PRESETS["tiny"]
     models = result.models
-    assert (models.kind == "descendant").sum() == 10 and (models.kind == "random init").sum() == config.n_random
+    assert (models.kind == "descendant").sum() == 13 and (models.kind == "random init").sum() == config.n_random and not result.not_made
     assert len(table) == len(config.align_modes) * len(models) and set(result.fingerprints) == {"base", *models.target}
     # every descendant under every mode that covers it; the random inits under every mode (judged against the other
     # inits aligned the same way) are 40 tests of unrelated models at α 0.01, and Binomial(40, 0.01) exceeds 2 with
@@ -237,13 +237,51 @@ def test_experiment_on_a_tiny_model(code_blocks):
     permuted, rotated = (next(t for t in models.target if t.startswith(s)) for s in ("permuted", "rotated"))
     assert by_mode["None"].loc[permuted].p > 1e-3 and by_mode["None"].loc[rotated].p > 1e-3  # the published test is fooled
     assert by_mode["permutation"].loc[permuted].covered and not by_mode["permutation"].loc[rotated].covered
-    # LeaFBench's metrics per mode, over every pair, from the table's own scores (−log10 p)
+    # a renamed vocabulary is read through its renamed tokens: related under every mode, with its loss on renamed text
+    for renamed in (t for t in models.target if t.startswith("renamed")):
+        assert by_mode["None"].loc[renamed].covered and by_mode["None"].loc[renamed].log10_p < -10
+    renamed_loss = models.set_index("target").eval_loss
+    assert renamed_loss[next(t for t in models.target if t.startswith("renamed vocabulary"))] == pytest.approx(result.base_eval_loss, rel=1e-5)
+    # LeaFBench's metrics per mode, over every pair: base against each target, and the random inits against each other
+    n_random = config.n_random
     for mode, rows in by_mode.items():
         metrics = result.metrics.set_index("align").loc[mode]
-        assert metrics.auc == pytest.approx(auc(-rows.log10_p.values, (rows.kind == "descendant").values))
+        pairs = result.pairs[result.pairs["align"] == mode]
+        assert len(pairs) == len(rows) + n_random * (n_random - 1) // 2 and metrics.unrelated_pairs == n_random + n_random * (n_random - 1) // 2
+        against_base = pairs[pairs.a == "base"].set_index("b")
+        assert against_base.loc[rows.index, "score"].tolist() == pytest.approx((-rows.log10_p).tolist())
+        assert metrics.auc == pytest.approx(auc(pairs.score.values, pairs.related.values))
     assert result.metrics.set_index("align").loc[["orthogonal", "linear"], "auc"].eq(1.0).all()
     assert result.metrics.set_index("align").loc["None", "auc"] < 1.0  # reparametrised descendants score like random inits
     assert f"| {permuted} |" in result.markdown() and "tpr_at_1pct_fpr" in result.markdown()
+
+
+@requires_tl4
+def test_gemma_keeps_its_function_under_a_permutation_and_refuses_a_rotation(code_blocks):
+    """Gemma 3 normalises each sub-layer's output before adding it: a permutation of the residual moves those gains
+    with it (the logits stay), a rotation cannot be folded into them (one line), and the experiment records the three
+    rotated descendants as not made instead of failing."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(0)
+    hf = Gemma3ForCausalLM(Gemma3TextConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1,
+                                            head_dim=16, vocab_size=1024, sliding_window=8, layer_types=["sliding_attention", "full_attention"])).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if "norm" in name:  # trained-like gains: not the init's zeros of Gemma's (1 + w) parametrisation
+                p.normal_(0, 0.3)
+    model = lens_bias.models.from_hf(hf)
+    ids = torch.randint(0, 1024, (2, 8), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = model(ids)
+        assert (T.permute_residual(model)(ids) - expected).abs().max().item() < 1e-5 * expected.abs().max().item() + 1e-6
+    with pytest.raises(LensBiasError, match="cannot be folded into post-sub-layer norms"):
+        T.rotate_residual(model)
+    result = D.real_descendants(model, "tiny", data=code_blocks, progress=False, align_modes=(None, "permutation"))
+    assert sorted(result.not_made) == sorted(t for t in result.not_made if t.startswith("rotated")) and len(result.not_made) == 3
+    table = result.to_pandas()
+    assert (table[table.covered].log10_p < -10).all()  # every descendant made, renamed and permuted included
+    assert (table[table.kind == "random init"].p < 0.01).sum() <= 2  # 20 tests of unrelated models at α 0.01
 
 
 # ---- the real model ----------------------------------------------------------------------------------------------
