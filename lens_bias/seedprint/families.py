@@ -275,12 +275,15 @@ def pairwise_lineage(
 
     size = len(sources)
     tau, log10_p = torch.full((size, size), float("nan")), torch.zeros(size, size)
-    pairs = [(i, j) for i in range(size) for j in range(i + 1, size)]
+    # models of different widths cannot share an init: such pairs are not tested (p 1, τ̄ NaN) and not counted
+    pairs = [(i, j) for i in range(size) for j in range(i + 1, size) if prints[i].d == prints[j].d]
+    if len(pairs) < size * (size - 1) // 2:
+        logger.info("%d of %d pairs have different widths and are not tested", size * (size - 1) // 2 - len(pairs), size * (size - 1) // 2)
     for i, j in tqdm(pairs, desc="pairs", disable=not progress):
         res = lineage_test(prints[i], prints[j], m=m, ratio_k=ratio_k, null=null_of(i), alpha=alpha, align=align)
         tau[i, j] = tau[j, i] = res.tau_bar
         log10_p[i, j] = log10_p[j, i] = res.log10_p
-    adjusted_flat = adjust_p([10 ** log10_p[i, j].item() for i, j in pairs], correction)
+    adjusted_flat = adjust_p([10 ** log10_p[i, j].item() for i, j in pairs], correction) if pairs else []
     adjusted = torch.ones(size, size)
     for (i, j), value in zip(pairs, adjusted_flat):
         adjusted[i, j] = adjusted[j, i] = float(value)

@@ -3,6 +3,7 @@ aligned tests find the descendants and not the unrelated models, and lineage acr
 
 from __future__ import annotations
 
+import math
 import json
 
 import pandas as pd
@@ -152,3 +153,15 @@ def test_lineage_across_models_with_a_cache_labels_and_families(tmp_path, monkey
     assert again.families == families["families"] and all(s < 5 for s in again.seconds.values())
     with pytest.raises(LensBiasError, match="at least 2 models"):
         sp.pairwise_lineage(names[:1], progress=False)
+
+
+def test_pairs_of_different_widths_are_not_tested():
+    """Models of different widths cannot share an init: across widths a pair is not tested (p 1, τ̄ NaN) and the
+    multiple-testing correction counts only the pairs that were."""
+    specs = ["llama:d=32,L=1,H=4,V=500,ctx=8,seed=1", "llama:d=32,L=1,H=4,V=500,ctx=8,seed=1", "llama:d=48,L=1,H=4,V=500,ctx=8,seed=1"]
+    result = sp.pairwise_lineage(specs, names=["a", "a copy", "wider"], n=64, seq_len=8, m=16, cache=False, progress=False)
+    table = result.to_pandas().set_index("b")
+    assert table.loc["a copy", "related"] and table.loc["a copy", "log10_p"] < -10
+    assert math.isnan(result.tau_bar[0, 2]) and result.p_adjusted[0, 2] == 1 and result.p_adjusted[1, 2] == 1
+    assert result.p_adjusted[0, 1] == pytest.approx(10 ** result.log10_p[0, 1].item())  # one test: Holm leaves it as it is
+    assert result.families == [["a", "a copy"], ["wider"]]
