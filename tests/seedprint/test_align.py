@@ -3,8 +3,8 @@ aligned tests find the descendants and not the unrelated models, and lineage acr
 
 from __future__ import annotations
 
-import math
 import json
+import math
 
 import pandas as pd
 import pytest
