@@ -47,7 +47,7 @@ from lens_bias.seedprint.lineage import ALPHA, STRONG
 from lens_bias.training.data import TokenData
 from lens_bias.training.trainer import evaluate, fine_tune
 
-__all__ = ["DescendantsConfig", "DescendantsResult", "PRESETS", "real_descendants"]
+__all__ = ["DescendantsConfig", "DescendantsResult", "PRESETS", "real_descendants", "lineage_metrics"]
 
 logger = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ class DescendantsResult:
             markdown_table(shown) + "\n\n(✗: not the expected verdict: related at p < 1e-10 where the mode covers the descendant, unrelated "
             "(p ≥ 0.01) for a random init; a descendant a mode does not cover is expected nothing)\n\n"
             + markdown_table(models, formats={"weight_change": ".3g", "seconds": ".0f"}) + "\n\n"
-            + markdown_table(self.metrics, formats={c: ".4f" for c in ("auc", "accuracy", "tpr", "fpr", "tpr_at_1pct_fpr")})
+            + markdown_table(self.metrics, formats={c: ".4f" for c in ("auc", "accuracy", "tpr", "fpr", "tpr_at_1pct_fpr", "tpr_at_alpha", "fpr_at_alpha")})
             + f"\n\nbase code loss {self.base_eval_loss:.3f} nats\n"
             + "".join(f"\nnot made: {name}: {reason}\n" for name, reason in self.not_made.items())
         )
@@ -278,11 +278,42 @@ def real_descendants(
                 scores.append(-res.log10_p)
                 labels.append(False)
                 pairs.append({"align": str(mode), "a": first, "b": second, "related": False, "score": -res.log10_p, "p": res.p})
-        metrics.append({"align": str(mode), "related_pairs": sum(labels), "unrelated_pairs": len(labels) - sum(labels), **detection_metrics(scores, labels)})
+        metrics.append({"align": str(mode), **_metrics(pd.DataFrame(pairs[-len(labels):])).iloc[0].to_dict()})
     return DescendantsResult(
         table=pd.DataFrame(tests), models=models, metrics=pd.DataFrame(metrics), base_eval_loss=base_loss, fingerprints=prints,
         config=cfg.to_dict(), seconds=time.perf_counter() - started, pairs=pd.DataFrame(pairs), not_made=not_made,
     )
+
+
+def _metrics(pairs: pd.DataFrame) -> pd.DataFrame:
+    """LeaFBench's metrics of one set of pairs (score −log10 p), and the verdicts' own rates at α: the share of
+    related pairs called related (TPR at α) and of unrelated pairs called related (the FPR measured)."""
+    related = pairs["related"].astype(bool).to_numpy()
+    called = (pairs["p"] < ALPHA).to_numpy()
+    return pd.DataFrame([{**detection_metrics(pairs["score"].tolist(), related.tolist()),
+                          "tpr_at_alpha": float(called[related].mean()) if related.any() else float("nan"),
+                          "fpr_at_alpha": float(called[~related].mean()) if (~related).any() else float("nan")}])
+
+
+def lineage_metrics(pairs: pd.DataFrame) -> pd.DataFrame:
+    """The metrics per align mode of every family's pairs and of all of them pooled.
+
+    >>> import pandas as pd
+    >>> pairs = pd.DataFrame({"family": ["a", "a", "b", "b"], "align": ["None"] * 4, "related": [True, False, True, False],
+    ...                       "score": [30.0, 0.5, 20.0, 1.0], "p": [1e-30, 0.3, 1e-20, 0.1]})
+    >>> lineage_metrics(pairs)[["family", "align", "auc", "fpr_at_alpha"]].values.tolist()
+    [['a', 'None', 1.0, 0.0], ['b', 'None', 1.0, 0.0], ['pooled', 'None', 1.0, 0.0]]
+
+    Args:
+        pairs: :attr:`DescendantsResult.pairs` of each family, with a ``family`` column, concatenated.
+
+    Returns:
+        One row per (family or "pooled", align mode).
+    """
+    rows = [_metrics(group).assign(family=family, align=mode) for (family, mode), group in pairs.groupby(["family", "align"], sort=False)]
+    rows += [_metrics(group).assign(family="pooled", align=mode) for mode, group in pairs.groupby("align", sort=False)]
+    table = pd.concat(rows, ignore_index=True)
+    return table[["family", "align"] + [c for c in table.columns if c not in ("family", "align")]]
 
 
 def _check_sizes(model: Any, cfg: DescendantsConfig, data: TokenData, n_models: int) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import pandas as pd
 import pytest
 import torch
 from scipy.stats import mannwhitneyu
@@ -247,10 +248,14 @@ def test_experiment_on_a_tiny_model(code_blocks):
     for mode, rows in by_mode.items():
         metrics = result.metrics.set_index("align").loc[mode]
         pairs = result.pairs[result.pairs["align"] == mode]
-        assert len(pairs) == len(rows) + n_random * (n_random - 1) // 2 and metrics.unrelated_pairs == n_random + n_random * (n_random - 1) // 2
+        assert len(pairs) == len(rows) + n_random * (n_random - 1) // 2 and metrics.negatives == n_random + n_random * (n_random - 1) // 2
         against_base = pairs[pairs.a == "base"].set_index("b")
         assert against_base.loc[rows.index, "score"].tolist() == pytest.approx((-rows.log10_p).tolist())
         assert metrics.auc == pytest.approx(auc(pairs.score.values, pairs.related.values))
+        assert metrics.fpr_at_alpha == pytest.approx((pairs[~pairs.related].p < 0.01).mean())
+    pooled = D.lineage_metrics(pd.concat([result.pairs.assign(family="x"), result.pairs.assign(family="y")]))
+    assert pooled.family.tolist() == ["x"] * 4 + ["y"] * 4 + ["pooled"] * 4
+    assert pooled[pooled.family == "pooled"].auc.tolist() == pytest.approx(result.metrics.auc.tolist())
     assert result.metrics.set_index("align").loc[["orthogonal", "linear"], "auc"].eq(1.0).all()
     assert result.metrics.set_index("align").loc["None", "auc"] < 1.0  # reparametrised descendants score like random inits
     assert f"| {permuted} |" in result.markdown() and "tpr_at_1pct_fpr" in result.markdown()
