@@ -29,7 +29,7 @@ from lens_bias.core.inputs import Inputs, RandomEmbeddings, RandomTokens, check_
 from lens_bias.core.serialise import Serialisable
 from lens_bias.core.stats import unit
 
-__all__ = ["ModelAdapter", "ModelInfo", "Probe", "COMBINES", "HookFn", "FwdHook", "last_position", "last_unit_sum", "counting", "NORMALIZED", "REGIME_ATTRIBUTE", "REGIMES"]
+__all__ = ["ModelAdapter", "ModelInfo", "Probe", "COMBINES", "HookFn", "FwdHook", "last_position", "last_unit_sum", "counting", "NORMALIZED", "REGIME_ATTRIBUTE", "REGIMES", "NAME_ATTRIBUTE"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +54,8 @@ _READOUT_CHECKED: "weakref.WeakKeyDictionary[Any, tuple[str, str]]" = weakref.We
 # The attribute lens_bias.models records a model's regime in ("init" or "trained").
 REGIME_ATTRIBUTE = "lens_bias_regime"
 REGIMES = ("init", "trained")
+# ... and the name a report shows for it (a GGUF file's general.name, a Hugging Face name_or_path).
+NAME_ATTRIBUTE = "lens_bias_name"
 
 
 COMBINES = ("rows", "sum", "max", "first")
@@ -202,6 +204,9 @@ class ModelInfo(Serialisable):
     regime: str = "trained"
     # Experts per mixture-of-experts MLP (None: a dense MLP), from the model's config.
     n_experts: int | None = None
+    # What the model is called: the recorded name (GGUF general.name, HF name_or_path), a random init's spec, or
+    # TL's cfg.model_name.
+    name: str | None = None
 
 
 class _StopForward(Exception):
@@ -347,6 +352,16 @@ def _family(model: Any) -> str:
     )
 
 
+def _name(model: Any, cfg: Any) -> str | None:
+    recorded = getattr(model, NAME_ATTRIBUTE, None)
+    if recorded:
+        return str(recorded)
+    spec = getattr(model, "lens_bias_spec", None)
+    if spec is not None:
+        return f"random init {spec.text}"
+    return getattr(cfg, "model_name", None)
+
+
 def _architecture(model: Any, cfg: Any) -> str | None:
     spec = getattr(model, "lens_bias_spec", None)
     if spec is not None:
@@ -434,6 +449,7 @@ class ModelAdapter:
             tl_version=tl.tl_version(),
             regime=getattr(model, REGIME_ATTRIBUTE, None) or "trained",
             n_experts=_experts(model, cfg),
+            name=_name(model, cfg),
         )
 
     # ---- hook names ---------------------------------------------------------------------------------------

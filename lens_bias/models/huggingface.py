@@ -29,7 +29,7 @@ from lens_bias.core import memory, tl
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.offload import execution_device, is_offloaded
 from lens_bias.models.gguf_offload import load_gguf_offloaded
-from lens_bias.models.init import mark, resolve_backend
+from lens_bias.models.init import NAME, mark, resolve_backend
 from lens_bias.models.shipped import SHIPPED, shipped_gguf
 
 __all__ = ["pretrained", "from_hf", "load_hf"]
@@ -46,8 +46,8 @@ _HOOKED_MAX_CTX = 2048
 _GGUF_MAGIC = b"GGUF"
 
 
-def _check_gguf(path: Path) -> str:
-    """Validate a GGUF file before transformers reads it; returns its ``general.architecture``."""
+def _check_gguf(path: Path) -> tuple[str, str | None]:
+    """Validate a GGUF file before transformers reads it; returns its ``general.architecture`` and ``general.name``."""
     with open(path, "rb") as f:
         magic = f.read(4)
     if magic != _GGUF_MAGIC:
@@ -60,6 +60,8 @@ def _check_gguf(path: Path) -> str:
         reader = GGUFReader(str(path))
         field = reader.fields["general.architecture"]
         arch = bytes(field.parts[field.data[0]]).decode()
+        named = reader.fields.get("general.name")
+        title = bytes(named.parts[named.data[0]]).decode() if named is not None else None
         # The tensors' data must lie inside the file: a truncated download ends before the last one does.
         end = max(int(t.data_offset) + int(t.n_bytes) for t in reader.tensors)
     except Exception as err:  # the reader raises assorted errors on malformed files
@@ -73,7 +75,7 @@ def _check_gguf(path: Path) -> str:
             f"{path.name} holds a {arch!r} model, which the installed transformers cannot load from GGUF "
             f"(it loads {sorted(set(GGUF_SUPPORTED_ARCHITECTURES) - {'general', 'tokenizer'})}); convert it to a Hugging Face folder instead"
         )
-    return arch
+    return arch, title
 
 
 def _hub_reachable(timeout: float = 3.0) -> bool:
@@ -125,10 +127,12 @@ def load_hf(
         kwargs.update(device_map=device_map or "auto", max_memory=max_memory)
         if offload_folder is not None:
             kwargs["offload_folder"] = str(offload_folder)
+    title = None
     if path.suffix == ".gguf" or text in SHIPPED:
         if not path.is_file():
             raise FileNotFoundError(f"no GGUF file at {path}")
-        _check_gguf(path)  # magic, gguf installed, not truncated, an architecture transformers reads
+        _, title = _check_gguf(path)  # magic, gguf installed, not truncated, an architecture transformers reads
+        title = title or path.name
         folder, kwargs["gguf_file"] = str(path.parent), path.name
     elif path.is_dir():
         folder = str(path)
@@ -149,6 +153,8 @@ def load_hf(
             f"could not load {text!r}: it is not a local file or folder, and the Hugging Face hub did not serve it "
             f"(offline?). Pass a .gguf file, a local model folder, or one of {sorted(SHIPPED)}. ({err})"
         ) from None
+    # the name a report shows: the GGUF file's own (general.name), else transformers' name_or_path
+    hf.lens_bias_name = title
     return hf.eval(), tokenizer
 
 
@@ -195,14 +201,14 @@ def pretrained(
         first, n_devices = _hooked_gpu_split(device_map, max_memory, offload_folder)
         hf, tokenizer = load_hf(name_or_path, dtype=dtype or torch.float32)
         model = _hooked_from_hf(hf, _architecture(hf), tokenizer, name, gpus=(first, n_devices))
-        return mark(model.eval(), regime="trained", source=str(name_or_path))
+        return mark(model.eval(), regime="trained", source=str(name_or_path), name=_display_name(hf))
     if offloading:
         memory.return_freed_memory()
     hf, tokenizer = load_hf(name_or_path, dtype=dtype or torch.float32, device_map=device_map, max_memory=max_memory, offload_folder=offload_folder)
     model = from_hf(hf, tokenizer, backend=backend, model_name=name)
     if device is not None and torch.device(device) != torch.device("cpu"):
         model = tl.move(model, device)
-    return mark(model, regime="trained", source=str(name_or_path))
+    return mark(model, regime="trained", source=str(name_or_path), name=getattr(model, NAME, None))
 
 
 def from_hf(hf_model: Any, tokenizer: Any = None, *, backend: str = "auto", model_name: str = "hf") -> Any:
@@ -248,7 +254,12 @@ def from_hf(hf_model: Any, tokenizer: Any = None, *, backend: str = "auto", mode
         _check_runs(model, architecture)
         if tokenizer is not None:
             model.tokenizer = tokenizer
-    return mark(model.eval(), regime="trained")
+    return mark(model.eval(), regime="trained", name=_display_name(hf_model))
+
+
+def _display_name(hf: Any) -> str | None:
+    """A GGUF file's ``general.name`` (recorded by :func:`load_hf`), else the config's ``name_or_path``."""
+    return getattr(hf, "lens_bias_name", None) or getattr(hf.config, "name_or_path", None) or None
 
 
 def _check_runs(model: Any, architecture: str) -> None:

@@ -20,7 +20,7 @@ from typing import Any, Union
 import torch
 
 from lens_bias.core import memory, tl
-from lens_bias.core.adapter import REGIME_ATTRIBUTE, REGIMES
+from lens_bias.core.adapter import NAME_ATTRIBUTE, REGIME_ATTRIBUTE, REGIMES
 from lens_bias.core.errors import LensBiasError
 from lens_bias.models.spec import ModelSpec
 
@@ -28,19 +28,20 @@ __all__ = ["random_init", "redraw", "resolve_backend", "mark"]
 
 # What lens_bias records on the models it builds or loads: how to rebuild it, where it came from, and whether
 # its weights are a random init or trained (``ModelInfo.regime``).
-SPEC, SOURCE, REGIME = "lens_bias_spec", "lens_bias_source", REGIME_ATTRIBUTE
+SPEC, SOURCE, REGIME, NAME = "lens_bias_spec", "lens_bias_source", REGIME_ATTRIBUTE, NAME_ATTRIBUTE
 
 
-def mark(model: Any, *, regime: str, spec: ModelSpec | None = None, source: str | None = None) -> Any:
-    """Record on ``model`` what lens_bias knows of it (``regime`` "init" or "trained"); returns the model."""
+def mark(model: Any, *, regime: str, spec: ModelSpec | None = None, source: str | None = None, name: str | None = None) -> Any:
+    """Record on ``model`` what lens_bias knows of it (``regime`` "init" or "trained", and the name a report shows:
+    a GGUF file's ``general.name``, a Hugging Face ``name_or_path``); returns the model."""
     if regime not in REGIMES:
         raise LensBiasError(f"regime must be one of {REGIMES}, got {regime!r}")
     setattr(model, REGIME, regime)
-    for name, value in ((SPEC, spec), (SOURCE, source)):
+    for attribute, value in ((SPEC, spec), (SOURCE, source), (NAME, name)):
         if value is not None:
-            setattr(model, name, value)
-        elif hasattr(model, name):
-            delattr(model, name)
+            setattr(model, attribute, value)
+        elif hasattr(model, attribute):
+            delattr(model, attribute)
     return model
 
 

@@ -52,6 +52,20 @@ class ModelSpec(Serialisable):
     init_std: float = 0.02
 
     @property
+    def text(self) -> str:
+        """The spec as the string :func:`parse_model_spec` reads back: the architecture, then every field that
+        differs from its default.
+
+        >>> ModelSpec("llama", d_model=64, seed=3).text
+        'llama:d=64,seed=3'
+        """
+        short = {field: key for key, field in _SPEC_KEYS.items()}
+        spec, defaults = self.resolved(), ModelSpec(self.arch, d_model=self.d_model).resolved()  # the architecture's rules at this width
+        items = [f"{short.get(name, name)}={getattr(spec, name)}" for name in spec.__dataclass_fields__
+                 if name != "arch" and (name == "d_model" or getattr(spec, name) != getattr(defaults, name))]
+        return f"{self.arch}:{','.join(items)}" if items else self.arch
+
+    @property
     def architecture(self) -> Any:
         """The registered :class:`~lens_bias.models.architectures.base.Architecture` this spec names."""
         if self.arch not in ARCHITECTURES:

@@ -178,7 +178,8 @@ class BiasReport:
         if no_plot is not None:
             parts.append(f"<p>{esc(no_plot)}</p>")
         parts.append(f"<section><details><summary>text summary</summary><pre>{esc(str(self))}</pre></details></section>")
-        return save_html({**self.views(), **(views or {})}, path, title="lens_bias report", body="\n".join(parts))
+        title = f"lens_bias report: {m.name}" if m.name else "lens_bias report"
+        return save_html({**self.views(), **(views or {})}, path, title=title, body="\n".join(parts))
 
     def __str__(self) -> str:
         m, i = self.model, self.inputs
@@ -188,7 +189,8 @@ class BiasReport:
         header = (
             f"lens_bias report of {kind}: {m.architecture or m.family}, d_model {m.d_model}, {m.n_layers} layers × {m.n_heads} heads, "
             f"{mlp}, {m.normalization} norm, {pos}, V {m.d_vocab} ({m.family}, TL {m.tl_version}, {m.device}/{m.dtype})\n"
-            f"inputs: {i.describe()}"
+            + (f"model: {m.name}\n" if m.name else "")
+            + f"inputs: {i.describe()}"
         )
         if self.interventions:
             header += "\nmeasured under: " + " + ".join(d.get("type", "?") for d in self.interventions)

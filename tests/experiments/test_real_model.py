@@ -30,6 +30,7 @@ def test_logits_equal_the_hugging_face_model(smollm2, smollm2_hf):
     assert tokenizer.decode(ours[0, -1].argmax()) == " Paris"
     assert smollm2.cfg.n_layers == 30 and smollm2.cfg.d_model == 576 and smollm2.tokenizer is tokenizer
     assert type(smollm2).__name__ == ("TransformerBridge" if BACKEND == "bridge" else "HookedTransformer")
+    assert lens_bias.ModelAdapter(smollm2).info.name == "Smollm2 135M 8k Lc100K Mix1 Ep2"  # the GGUF file's general.name
 
 
 def test_readouts_are_the_models_own(smollm2, smollm2_hf):

@@ -126,6 +126,10 @@ def test_the_regime_orders_the_report_and_picks_its_laws(tmp_path):
     assert text.index("anatomy of the first-token sink") < text.index("attention sinks") < text.index("token preference")
     assert trained.headline_table()[0][0] == "Anatomy of the sink"
     page = trained.to_html(tmp_path / "trained.html").read_text()
+    # the page and the text name the model: a random init by its spec, which parse_model_spec reads back
+    name = f"random init {model.lens_bias_spec.text}"
+    assert f"<title>lens_bias report: {name}</title>" in page and f"model: {name}" in str(trained)
+    assert lens_bias.models.parse_model_spec(model.lens_bias_spec.text) == model.lens_bias_spec
     assert page.index("<h2>Anatomy of the sink</h2>") < page.index("<h2>Attention sinks</h2>") < page.index("<h2>Token preference</h2>")
     with pytest.raises(LensBiasError, match="regime must be one of"):
         lens_bias.analyze(model, n_sequences=8, seq_len=8, progress=False, regime="pretrained")
