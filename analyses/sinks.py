@@ -165,7 +165,7 @@ class SinksResult(Result):
         norms = ", ".join(f"{r:.2f}" for r in self.norm_ratio.tolist())
         return (
             f"attention sinks (Sink_k = % of (sequence, layer, head) with mean attention to key k > {self.eps}):\n"
-            f"  Sink_0 = {h['sink_rate_0']:.1f}% (per layer {layers}); largest later Sink_k = {h['max_sink_rate_later']:.1f}% "
+            f"  Sink_0 = {h['sink_rate_0']:.1f}% (per layer {layers}); largest later Sink_k (0 < k < T−1) = {h['max_sink_rate_later']:.1f}% "
             f"at k = {h['argmax_later']}\n"
             f"  first-token attention share {h['first_token_share']:.3f}; first-token residual norm / median token per "
             f"layer: {norms}"
@@ -185,7 +185,8 @@ class SinksResult(Result):
 
     def headline(self) -> dict[str, Any]:
         rate = self.rate()
-        later = rate[1:]
+        # later keys, not the last: key T−1 is seen only by its own query, so its α is that token attending to itself
+        later = rate[1:-1]
         return {
             "eps": self.eps,
             "sink_rate_0": rate[0].item(),

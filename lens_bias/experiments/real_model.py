@@ -86,7 +86,8 @@ class SinkTable:
             rate = res.rate(self.eps)
             rows.append({
                 "inputs": kind, "bos": bos, "sink_0": rate[0].item(), "sink_1": rate[1].item(),
-                "max_sink_later": rate[2:].max().item() if len(rate) > 2 else 0.0,
+                # not the last key: only its own query sees it
+                "max_sink_later": rate[2:-1].max().item() if len(rate) > 3 else 0.0,
                 "share_0": res.share(0).mean().item(), "norm_ratio_0_max": res.norm_ratio.max().item(),
             })
         return pd.DataFrame(rows)

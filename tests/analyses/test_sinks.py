@@ -274,3 +274,16 @@ def test_super_neurons_find_a_planted_unit():
     assert torch.allclose(dominance_ratio(torch.tensor([[1.0, -1.0], [3.0, 1.0]])), torch.tensor([1.0, 1.5]))
     with pytest.raises(LensBiasError, match="pick position < 12"):
         run_analyses(adapter, tokens, spec, [SuperNeurons(position=12)], progress=False)
+
+
+def test_later_sinks_leave_out_the_last_token_attending_to_itself():
+    """The last key is seen by one query, its own: when every query attends to itself, α_{T−1} = 1 and Sink_{T−1} is
+    100%, which is not a sink. The headline's largest later Sink_k covers 0 < k < T − 1."""
+    from lens_bias.hooks import SelfOnlyAttention
+
+    model = lens_bias.random_init("llama", d_model=32, n_layers=2, n_heads=4, d_vocab=100, n_ctx=16, seed=0)
+    result = lens_bias.analyze(model, n_sequences=8, seq_len=8, sections=["sinks"], interventions=[SelfOnlyAttention()], progress=False).sinks
+    rate, headline = result.rate(), result.headline()
+    assert rate[-1].item() == 100.0  # α_7 = 1: the last token attending to itself
+    assert headline["max_sink_rate_later"] == rate[1:-1].max().item() and headline["argmax_later"] < 7
+    assert "(0 < k < T−1)" in result.summary()
