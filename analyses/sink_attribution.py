@@ -57,8 +57,9 @@ logger = logging.getLogger(__name__)
 
 # How far an edit moves Sink_0 (paired over the measured sequences), worst to best for the sink.
 VERDICTS = ("removes the sink", "weakens it", "no effect", "strengthens it")
-# "removes": Sink_0 falls to at most this share of the unedited model's; weakens / strengthens: |Δ| > 3 SE.
-_REMOVED, _SE = 0.1, 3.0
+# "removes": Sink_0 falls to at most this share of the unedited model's; weakens / strengthens: a paired change
+# beyond 3 SE *and* of at least 5 points of Sink_0 (significance alone calls 70.6% → 69.8% a weakening on 32 sequences).
+_REMOVED, _SE, _POINTS = 0.1, 3.0, 5.0
 
 
 @dataclass(frozen=True)
@@ -195,9 +196,9 @@ class SinkAttributionResult(Result):
                 out.append("")
             elif sink[0] > 0 and sink[i] <= _REMOVED * sink[0]:
                 out.append(VERDICTS[0])
-            elif diff[i] < -_SE * se[i]:
+            elif diff[i] < -_SE * se[i] and diff[i] <= -_POINTS:
                 out.append(VERDICTS[1])
-            elif diff[i] > _SE * se[i]:
+            elif diff[i] > _SE * se[i] and diff[i] >= _POINTS:
                 out.append(VERDICTS[3])
             else:
                 out.append(VERDICTS[2])
@@ -241,7 +242,8 @@ class SinkAttributionResult(Result):
         table = self.to_pandas()
         k = self.position
         lines = [f"sink attribution ({self.n} sequences of {self.seq_len} tokens; Sink_0 = % of (layer, head) with α_0 > {self.eps}; "
-                 f"verdicts paired over the sequences, ±{_SE:g} SE; removed = at most {_REMOVED:.0%} of the unedited Sink_0):"]
+                 f"verdicts paired over the sequences: a change beyond {_SE:g} SE and of at least {_POINTS:g} points; "
+                 f"removed = at most {_REMOVED:.0%} of the unedited Sink_0):"]
         for row in table.itertuples():
             verdict = f" → {row.verdict}" if row.verdict else ""
             lines.append(f"  {row.condition:<44} Sink_0 {row.sink_0:5.1f}%{verdict}; massive |h_0| {row.massive:.4g}, disparity {row.disparity:.3g}, "

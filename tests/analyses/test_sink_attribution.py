@@ -128,13 +128,15 @@ def _synthetic(per_sequence):
 
 def test_verdicts_follow_their_definition():
     base = [60.0, 70.0, 80.0, 70.0]
-    result = _synthetic([base, [5.0, 6.0, 7.0, 6.0], [50.0, 61.0, 69.0, 60.0], [61.0, 69.0, 81.0, 70.0], [70.0, 80.0, 90.0, 80.0]])
-    # removed: at most 10% of the unedited mean; weakened / strengthened: a paired change beyond 3 SE
-    assert result.verdicts() == ["", VERDICTS[0], VERDICTS[1], VERDICTS[2], VERDICTS[3]]
+    result = _synthetic([base, [5.0, 6.0, 7.0, 6.0], [50.0, 61.0, 69.0, 60.0], [61.0, 69.0, 81.0, 70.0], [70.0, 80.0, 90.0, 80.0],
+                         [58.0, 68.0, 78.0, 68.0]])
+    # removed: at most 10% of the unedited mean; weakened / strengthened: a paired change beyond 3 SE and of at least
+    # 5 points (the last: −2 points on every sequence, infinitely many SE, is no effect)
+    assert result.verdicts() == ["", VERDICTS[0], VERDICTS[1], VERDICTS[2], VERDICTS[3], VERDICTS[2]]
     table = result.to_pandas()
     diff = torch.tensor([-10.0, -9.0, -11.0, -10.0])  # c2 - c0, paired sequence by sequence
     assert table.diff_in_se[2] == pytest.approx((diff.mean() / (diff.std() / 2)).item(), rel=1e-5)
-    assert result.headline()["removed_by"] == ["c1"] and result.chain().shape[0] == 4
+    assert result.headline()["removed_by"] == ["c1"] and result.chain().shape[0] == 5
 
 
 @pytest.mark.real_model
