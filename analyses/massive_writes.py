@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
+import torch
 from jaxtyping import Int
 from torch import Tensor
 
@@ -88,7 +89,8 @@ def massive_writes(model: Any, tokens: Int[Tensor, "n seq"], *, dim: int | None 
     Args:
         model: a TransformerLens model (not modified).
         tokens: token IDs ``[n, seq]``.
-        dim: the residual dimension (default: the largest mean |h| at ``position`` after the last block).
+        dim: the residual dimension (default: the one whose mean |h| at ``position`` peaks highest over the block
+            outputs).
         position: the token position (0: the first token, where massive activations live).
 
     Returns:
@@ -101,9 +103,10 @@ def massive_writes(model: Any, tokens: Int[Tensor, "n seq"], *, dim: int | None 
     if not 0 <= position < tokens.shape[1]:
         raise LensBiasError(f"position {position} is outside sequences of {tokens.shape[1]} tokens")
     last = f"blocks.{info.n_layers - 1}.hook_resid_post"
-    if dim is None:
-        kept = adapter.collect(tokens, [Probe(last, f"abs_at_{position}", lambda x: x[:, position].abs().double().sum(dim=0), combine="sum")])
-        dim = int(next(iter(kept.values())).argmax())
+    if dim is None:  # the dimension whose mean |h| at the position peaks highest over the block outputs
+        outputs = [f"blocks.{l}.hook_resid_post" for l in range(info.n_layers)]
+        kept = adapter.collect(tokens, [Probe(h, f"abs_at_{position}", lambda x: x[:, position].abs().double().sum(dim=0), combine="sum") for h in outputs])
+        dim = int(torch.stack([kept[f"{h}:abs_at_{position}"] for h in outputs]).amax(dim=0).argmax())
     if not 0 <= dim < info.d_model:
         raise LensBiasError(f"dim {dim} is outside the residual stream's {info.d_model} dimensions")
     hooks = ["blocks.0.hook_resid_pre", last] + [f"blocks.{l}.hook_{part}_out" for l in range(info.n_layers) for part in ("attn", "mlp")]

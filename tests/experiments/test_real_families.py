@@ -90,5 +90,11 @@ def test_anatomy_equals_the_hidden_states_of_plain_transformers(family):
     assert anatomy.massive_value == pytest.approx(first[:, dim].max().item(), rel=1e-3)
     if anatomy.onset_layer is not None:  # Sun et al.'s massive dim is the largest one at position 0
         assert dim == first[anatomy.onset_layer].argmax().item()
+    # where it is written: the embedding and each layer's writes add up to Hugging Face's residual after every block
+    writes = lens_bias.massive_writes(model, tokens, dim=dim)
+    expected = torch.stack(outputs, dim=1)[:, :, 0, dim].mean(dim=0)  # [L]: signed mean at position 0
+    scale = expected.abs().max().item()
+    assert writes.to_pandas().resid_after.tolist() == pytest.approx(expected.tolist(), abs=1e-4 * scale)
+    assert writes.post_norm == (name == "gemma-3-270m")  # Gemma adds each sub-layer's output through a norm
     assert set(anatomy.to_dict()) >= {"sink_rate", "sink_layers", "massive_dims", "onset_layer", "super_neuron", "disparity", "largest_spike"}
     assert 0 <= anatomy.sink_rate <= 100 and anatomy.disparity > 0 and anatomy.super_neuron
