@@ -53,9 +53,15 @@ class MassiveWrites(Result):
         return self.embed + sum(self.attn) + sum(self.mlp)
 
     def top_writer(self) -> tuple[str, int | None]:
-        """("embed", None), ("attn", layer) or ("mlp", layer): the single largest write by magnitude."""
+        """("embed", None), ("attn", layer) or ("mlp", layer): the largest single write towards the value at its peak
+        (a later layer that erases the activation writes against it and is not its writer)."""
+        running, peak = self.embed, self.embed
+        for a, m in zip(self.attn, self.mlp):
+            running += a + m
+            peak = running if abs(running) > abs(peak) else peak
+        sign = 1.0 if peak >= 0 else -1.0
         candidates = [("embed", None, self.embed)] + [("attn", l, v) for l, v in enumerate(self.attn)] + [("mlp", l, v) for l, v in enumerate(self.mlp)]
-        kind, layer, _ = max(candidates, key=lambda c: abs(c[2]))
+        kind, layer, _ = max(candidates, key=lambda c: sign * c[2])
         return kind, layer
 
     def to_pandas(self) -> pd.DataFrame:
@@ -70,8 +76,9 @@ class MassiveWrites(Result):
         kind, layer = self.top_writer()
         writer = "the embedding" if layer is None else f"layer {layer}'s {'attention' if kind == 'attn' else 'MLP'}"
         norm = " (through a post-sub-layer norm)" if self.post_norm and layer is not None else ""
-        return (f"dim {self.dim} at position {self.position}: {self.residual:.4g} after the last block; "
-                f"the largest single write is {writer}{norm}, the embedding gives {self.embed:.4g}")
+        peak = self.to_pandas().resid_after.abs().max()
+        return (f"dim {self.dim} at position {self.position}: |h| up to {peak:.4g}, {self.residual:.4g} after the last block; "
+                f"its largest write is {writer}{norm}, the embedding gives {self.embed:.4g}")
 
     def headline(self) -> dict[str, Any]:
         kind, layer = self.top_writer()

@@ -321,3 +321,13 @@ def test_a_renamed_vocabulary_is_found_by_compare(smollm2, smollm2_hf):
     grown = from_hf(grown_hf, tokenizer)
     result = sp.compare(smollm2, grown, **sizes)
     assert not result.renamed_vocabulary and result.same_lineage and result.tau_bar > 0.99
+
+
+def test_the_massive_activation_is_written_by_layer_11s_mlp(smollm2):
+    """massive_writes on SmolLM2: dim 507 at position 0, written by layer 11's MLP (the super weight's layer) and
+    erased by the last layers' MLPs; the writes add up to the residual."""
+    writes = lens_bias.massive_writes(smollm2, text_tokens(smollm2.tokenizer, 8, 32, seed=2))
+    assert writes.dim == 507 and writes.top_writer() == ("mlp", 11) and not writes.post_norm
+    table = writes.to_pandas()
+    assert table.resid_after.max() > 1e4 and table.resid_after.iloc[-1] < table.resid_after.max() / 2  # erased at the end
+    assert writes.total == pytest.approx(writes.residual, rel=1e-4)
