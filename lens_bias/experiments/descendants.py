@@ -305,13 +305,13 @@ def lineage_metrics(pairs: pd.DataFrame) -> pd.DataFrame:
     [['a', 'None', 1.0, 0.0], ['b', 'None', 1.0, 0.0], ['pooled', 'None', 1.0, 0.0]]
 
     Args:
-        pairs: :attr:`DescendantsResult.pairs` of each family, with a ``family`` column, concatenated.
+        pairs: the ``pairs`` table of each family's :class:`DescendantsResult`, with a ``family`` column, concatenated.
 
     Returns:
         One row per (family or "pooled", align mode).
     """
-    rows = [_metrics(group).assign(family=family, align=mode) for (family, mode), group in pairs.groupby(["family", "align"], sort=False)]
-    rows += [_metrics(group).assign(family="pooled", align=mode) for mode, group in pairs.groupby("align", sort=False)]
+    rows = [_metrics(group).assign(family=family, align=mode) for (family, mode), group in pairs.groupby(["family", "align"], sort=False, dropna=False)]
+    rows += [_metrics(group).assign(family="pooled", align=mode) for mode, group in pairs.groupby("align", sort=False, dropna=False)]
     table = pd.concat(rows, ignore_index=True)
     return table[["family", "align"] + [c for c in table.columns if c not in ("family", "align")]]
 
