@@ -303,7 +303,7 @@ def test_a_renamed_vocabulary_does_not_evade_compare():
     tokens = torch.randint(0, 2000, (2, 8), generator=torch.Generator().manual_seed(0))
     perm = renamed.lens_bias_vocabulary
     with torch.no_grad():
-        assert torch.equal(renamed(perm[tokens])[..., perm], base(tokens))  # the same function, renamed
+        assert torch.allclose(renamed(perm[tokens])[..., perm], base(tokens), atol=1e-6)  # the same function, renamed
     same_ids = sp.lineage_test(*(sp.fingerprint(m, n=128, seq_len=8, progress=False) for m in (base, renamed)), m=32)
     assert not same_ids.same_lineage and abs(same_ids.tau_bar) < 0.1
     for suspect in (renamed, quantize(renamed, bits=4)):
