@@ -261,6 +261,7 @@ def test_experiment_on_a_tiny_model(code_blocks):
     assert f"| {permuted} |" in result.markdown() and "tpr_at_1pct_fpr" in result.markdown()
 
 
+@pytest.mark.slow  # a whole tiny experiment: the fast tier keeps test_experiment_on_a_tiny_model
 @requires_tl4
 def test_gemma_keeps_its_function_under_a_permutation_and_refuses_a_rotation(code_blocks):
     """Gemma 3 normalises each sub-layer's output before adding it: a permutation of the residual moves those gains
