@@ -25,9 +25,9 @@ import hashlib
 import json
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Mapping, Sequence, Union
+from typing import Any, Callable, Mapping, Sequence, Union
 
 import pandas as pd
 import torch
@@ -39,15 +39,16 @@ from lens_bias.core.adapter import ModelAdapter
 from lens_bias.core.corpora import cache_dir
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.figures import new_figure
-from lens_bias.core.files import atomic_write_text
+from lens_bias.core.files import atomic_save, atomic_write_text
 from lens_bias.core.serialise import Serialisable
 from lens_bias.core.stats import adjust_p, detection_metrics
 from lens_bias.models import SHIPPED, load_model, shipped_gguf
 from lens_bias.models.transforms import random_inits
 from lens_bias.seedprint.align import ALIGN_MODES
-from lens_bias.seedprint.fingerprints import Fingerprint, fingerprint
+from lens_bias.seedprint.fingerprints import Fingerprint, fingerprint, regenerate_inputs
 from lens_bias.seedprint.lineage import ALPHA, lineage_test
 from lens_bias.seedprint.nulls import AnalyticNull, Null, SeedsNull
+from lens_bias.seedprint.vocabulary import SKETCH_DIMS, embedding_sketch, renamed_ids
 
 __all__ = ["pairwise_lineage", "LineageMatrix", "expand_models", "CORRECTIONS"]
 
@@ -76,6 +77,7 @@ class LineageMatrix(Serialisable):
     seconds: dict[str, float] = field(default_factory=dict)  # per model: fingerprinting (0 when read from the cache)
     labels: list[str] | None = None  # the base each model descends from, when known
     metrics: dict[str, float] | None = None  # LeaFBench's, over every pair, score −log10 p
+    renamed: list[tuple[str, str]] = field(default_factory=list)  # (a, b): b's vocabulary is a's renamed, so b read a's tokens renamed
 
     def to_pandas(self) -> pd.DataFrame:
         """One row per pair: τ̄, log10 p, the adjusted p, the verdict and, with labels, whether they share a base."""
@@ -84,6 +86,7 @@ class LineageMatrix(Serialisable):
             for j in range(i + 1, len(self.names)):
                 row = {"a": self.names[i], "b": self.names[j], "tau_bar": self.tau_bar[i, j].item(), "log10_p": self.log10_p[i, j].item(),
                        "p_adjusted": self.p_adjusted[i, j].item(), "related": bool(self.related[i, j])}
+                row["renamed_vocabulary"] = (self.names[i], self.names[j]) in self.renamed
                 if self.labels is not None:
                     row["same_base"] = self.labels[i] == self.labels[j]
                 rows.append(row)
@@ -182,6 +185,17 @@ class _Cache:
             path.parent.mkdir(parents=True, exist_ok=True)
             fp.save(path)
 
+    def sketch(self, key: str | None, model: Callable[[], Any]) -> Tensor:
+        """The model's :func:`~lens_bias.seedprint.vocabulary.embedding_sketch`, read from the folder when it is there."""
+        path = self.folder / f"{key}-sketch{SKETCH_DIMS}.pt" if self.folder is not None and key is not None else None
+        if path is not None and path.exists():
+            return torch.load(path, map_location="cpu", weights_only=True)
+        sketch = embedding_sketch(model())
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_save(sketch, path)
+        return sketch
+
 
 def pairwise_lineage(
     models: Sequence[Union[str, Any, Fingerprint]],
@@ -239,32 +253,41 @@ def pairwise_lineage(
     if len(names) != len(sources) or len(set(names)) != len(names):
         raise LensBiasError(f"names must be {len(sources)} distinct strings, one per model")
     store = _Cache(cache)
+    sources = [_fingerprint_file(x) or x if isinstance(x, str) else x for x in sources]
     keys = [_content_key(x) if isinstance(x, str) else None for x in sources]
     loaded: dict[int, Any] = {}
 
-    def model_of(i: int) -> Any:
+    def load(i: int) -> Any:
+        return load_model(sources[i]) if isinstance(sources[i], str) else sources[i]
+
+    def model_of(i: int) -> Any:  # loaded once for its fingerprint, its sketch and its vocabulary
         if i not in loaded:
-            loaded[i] = load_model(sources[i]) if isinstance(sources[i], str) else sources[i]
+            loaded[i] = load(i)
         return loaded[i]
 
     if vocab is None:
         vocab = min(int(x.inputs.get("vocab") or x.model["d_vocab"]) if isinstance(x, Fingerprint) else _vocab(store, keys[i], model_of, i)
                     for i, x in enumerate(sources))
     spec = {"inputs": "tokens", "n": n, "seq_len": seq_len, "seed": seed, "vocab": vocab}
-    prints, seconds = [], {}
+    prints: list[Fingerprint] = []
+    sketches: list[Tensor | None] = []  # embedding sketches: which vocabularies are another's renamed
+    seconds: dict[str, float] = {}
     for i in tqdm(range(len(sources)), desc="fingerprints", disable=not progress):
         started = time.perf_counter()
         if isinstance(sources[i], Fingerprint):
-            fp = sources[i]
+            prints.append(sources[i])
+            sketches.append(None)
         else:
             fp = store.load(keys[i], spec) if keys[i] is not None else None
             if fp is None:
                 fp = fingerprint(model_of(i), inputs="tokens", n=n, seq_len=seq_len, seed=seed, vocab=vocab, progress=False)
                 if keys[i] is not None:
                     store.save(keys[i], spec, fp)
-        prints.append(fp)
+            prints.append(fp)
+            sketches.append(store.sketch(keys[i], lambda: model_of(i)))
         seconds[names[i]] = time.perf_counter() - started
         loaded.pop(i, None)  # one model in memory at a time
+    renamed = _renamed_prints(keys, prints, sketches, store, spec, load, seconds, names)
     nulls: dict[int, Null] = {}
 
     def null_of(i: int) -> Null:  # the null base i is judged against, made when first needed
@@ -280,7 +303,7 @@ def pairwise_lineage(
     if len(pairs) < size * (size - 1) // 2:
         logger.info("%d of %d pairs have different widths and are not tested", size * (size - 1) // 2 - len(pairs), size * (size - 1) // 2)
     for i, j in tqdm(pairs, desc="pairs", disable=not progress):
-        res = lineage_test(prints[i], prints[j], m=m, ratio_k=ratio_k, null=null_of(i), alpha=alpha, align=align)
+        res = lineage_test(prints[i], renamed.get((i, j), prints[j]), m=m, ratio_k=ratio_k, null=null_of(i), alpha=alpha, align=align)
         tau[i, j] = tau[j, i] = res.tau_bar
         log10_p[i, j] = log10_p[j, i] = res.log10_p
     adjusted_flat = adjust_p([10 ** log10_p[i, j].item() for i, j in pairs], correction) if pairs else []
@@ -298,8 +321,50 @@ def pairwise_lineage(
     return LineageMatrix(
         names=names, tau_bar=tau, log10_p=log10_p, p_adjusted=adjusted, related=related, families=_families(names, related),
         correction=correction, alpha=alpha, align=align, null=null_of(0).to_dict(), inputs={"kind": "tokens", **spec}, seconds=seconds,
-        labels=label_list, metrics=metrics,
+        labels=label_list, metrics=metrics, renamed=[(names[i], names[j]) for i, j in sorted(renamed)],
     )
+
+
+def _fingerprint_file(source: str) -> Fingerprint | None:
+    """The fingerprint a ``.pt`` MODEL string holds (written by ``lens-bias fingerprint``), else None (a checkpoint)."""
+    if not source.endswith(".pt") or not Path(source).is_file():
+        return None
+    try:  # memory-mapped: a checkpoint is not read into memory just to learn that it is one
+        data = torch.load(source, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # not a torch zip file: load_model reports what it is
+        return None
+    return Fingerprint.load(source) if isinstance(data, dict) and data.get("format") == Fingerprint.FORMAT else None
+
+
+def _renamed_prints(
+    keys: Sequence[str | None], prints: Sequence[Fingerprint], sketches: Sequence[Tensor | None], store: "_Cache",
+    spec: Mapping[str, Any], load: Callable[[int], Any], seconds: dict[str, float], names: Sequence[str],
+) -> dict[tuple[int, int], Fingerprint]:
+    """For each pair (i, j) where j's vocabulary is i's renamed, j's fingerprint on i's tokens under j's IDs, so that a
+    renaming, which leaves a model the same on text, cannot hide a descendant. One fingerprint per model and renaming
+    (the models that share i's token order share it), cached under the model's key and the renamed IDs' digest."""
+    made: dict[tuple[int, str], Fingerprint] = {}
+    out: dict[tuple[int, int], Fingerprint] = {}
+    for i, j in [(i, j) for i in range(len(prints)) for j in range(i + 1, len(prints))]:
+        if sketches[i] is None or sketches[j] is None or prints[i].d != prints[j].d:
+            continue
+        ids = renamed_ids(sketches[i], sketches[j], regenerate_inputs(prints[i])[0:prints[i].n])
+        if ids is None:
+            continue
+        digest = hashlib.sha256(ids.numpy().tobytes()).hexdigest()[:16]
+        if (j, digest) not in made:
+            started = time.perf_counter()
+            renamed_spec = {**spec, "renamed_ids": digest}
+            fp = store.load(keys[j], renamed_spec) if keys[j] is not None else None
+            if fp is None:
+                logger.info("%s reads %s's tokens under its renamed vocabulary", names[j], names[i])
+                fp = replace(fingerprint(load(j), inputs=ids, progress=False), inputs={**prints[i].inputs, "renamed": True})
+                if keys[j] is not None:
+                    store.save(keys[j], renamed_spec, fp)
+            made[(j, digest)] = fp
+            seconds[names[j]] += time.perf_counter() - started
+        out[(i, j)] = made[(j, digest)]
+    return out
 
 
 def _vocab(store: _Cache, key: str | None, model_of: Any, i: int) -> int:

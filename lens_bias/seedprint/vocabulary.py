@@ -8,6 +8,10 @@ unrelated. When the two embedding tables are one table up to the order of its ro
 largest cosine between independent rows in d dimensions is about √(2 ln V / d): 0.19 for SmolLM2), so their inputs
 are never changed.
 
+:func:`embedding_sketch` keeps what that test needs of one model, its rows through a fixed random projection, so
+that :func:`~lens_bias.seedprint.pairwise_lineage` finds renamings among many models with one model in memory at a
+time (:func:`renamed_ids` compares two sketches as it compares two tables).
+
 >>> import lens_bias
 >>> from lens_bias.models.transforms import rename_vocabulary
 >>> model = lens_bias.random_init("llama", d_model=32, n_layers=1, n_heads=4, d_vocab=50, n_ctx=8)
@@ -25,12 +29,12 @@ import logging
 from typing import Any
 
 import torch
-from jaxtyping import Int
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from lens_bias.core.stats import unit
 
-__all__ = ["renamed_tokens", "MATCH_COSINE", "SAME_TABLE"]
+__all__ = ["renamed_tokens", "renamed_ids", "embedding_sketch", "MATCH_COSINE", "SAME_TABLE", "SKETCH_DIMS"]
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +45,10 @@ cosine with itself above 0.99; independent rows stay below 0.3 at the widths of 
 SAME_TABLE = 0.9
 """The share of sampled rows that must match for the two tables to count as one table (a few untrained rows of a
 real vocabulary may be near-duplicates of each other)."""
+
+SKETCH_DIMS = 64
+"""Projected dimensions of a sketch: independent rows' cosines spread by 1/√64, so the largest among 262k rows stays
+near 0.6, while a row and its quantised or fine-tuned self keep a cosine above 0.95."""
 
 _SAMPLE = 256  # rows of a sampled to decide
 _BLOCK_BYTES = 1 << 28  # cosines computed 256 MB at a time
@@ -53,12 +61,57 @@ def _unit_rows(model: Any) -> Tensor:
 def _nearest(rows: Tensor, table: Tensor) -> tuple[Tensor, Tensor]:
     """(best cosine, index of the best row of ``table``) for each of ``rows``, in blocks that fit the budget."""
     block = max(1, _BLOCK_BYTES // (4 * table.shape[0]))
+    rows, table = rows.float(), table.float()
     best, index = [], []
     for start in range(0, rows.shape[0], block):
         values, where = (rows[start:start + block] @ table.T).max(dim=1)
         best.append(values)
         index.append(where)
     return torch.cat(best), torch.cat(index)
+
+
+def embedding_sketch(model: Any) -> Float[Tensor, "d_vocab k"]:
+    """``model``'s unit embedding rows projected to :data:`SKETCH_DIMS` dimensions and made unit again, in float16.
+
+    The projection is drawn from the width alone, so two models of one width are sketched alike and
+    :func:`renamed_ids` compares their sketches as :func:`renamed_tokens` compares their tables.
+
+    >>> import lens_bias
+    >>> embedding_sketch(lens_bias.random_init("llama", d_model=32, n_layers=1, n_heads=4, d_vocab=50, n_ctx=8)).shape
+    torch.Size([50, 64])
+    """
+    rows = _unit_rows(model)
+    projection = torch.randn(rows.shape[1], SKETCH_DIMS, generator=torch.Generator().manual_seed(rows.shape[1]))
+    return unit(rows @ projection).half()
+
+
+def renamed_ids(
+    table_a: Float[Tensor, "v_a d"], table_b: Float[Tensor, "v_b d"], tokens: Int[Tensor, "n seq"], *, seed: int = 0
+) -> Int[Tensor, "n seq"] | None:
+    """``b``'s IDs for ``a``'s ``tokens`` when table ``b`` is table ``a`` with its rows in another order, else None.
+
+    Args:
+        table_a: unit embedding rows of the base (or its :func:`embedding_sketch`).
+        table_b: the suspect's, alike.
+        tokens: token IDs of ``a``.
+        seed: which rows are sampled to decide.
+
+    Returns:
+        Each token's nearest row of ``b`` by cosine, or None when the tables are not one table renamed (unrelated,
+        of other widths, or already in the same order).
+    """
+    if table_a.shape[1] != table_b.shape[1]:
+        return None
+    sample = torch.randperm(table_a.shape[0], generator=torch.Generator().manual_seed(seed))[:_SAMPLE]
+    cosine, where = _nearest(table_a[sample], table_b)
+    matched = (cosine >= MATCH_COSINE).float().mean().item()
+    in_place = (where == sample).float().mean().item()
+    if matched < SAME_TABLE or in_place >= SAME_TABLE:
+        return None
+    logger.info("the vocabulary is renamed (%.0f%% of sampled embedding rows match, %.0f%% at their own ID): token inputs follow the renaming",
+                100 * matched, 100 * in_place)
+    unique, inverse = torch.unique(tokens, return_inverse=True)
+    return _nearest(table_a[unique], table_b)[1][inverse].view_as(tokens)
 
 
 def renamed_tokens(model_a: Any, model_b: Any, tokens: Int[Tensor, "n seq"], *, seed: int = 0) -> Int[Tensor, "n seq"] | None:
@@ -74,16 +127,4 @@ def renamed_tokens(model_a: Any, model_b: Any, tokens: Int[Tensor, "n seq"], *, 
         The renamed IDs (each token's nearest embedding row of ``b`` by cosine), or None when the tables are not one
         table renamed (unrelated, or already in the same order).
     """
-    a, b = _unit_rows(model_a), _unit_rows(model_b)
-    if a.shape[1] != b.shape[1]:
-        return None
-    sample = torch.randperm(a.shape[0], generator=torch.Generator().manual_seed(seed))[:_SAMPLE]
-    cosine, where = _nearest(a[sample], b)
-    matched = (cosine >= MATCH_COSINE).float().mean().item()
-    in_place = (where == sample).float().mean().item()
-    if matched < SAME_TABLE or in_place >= SAME_TABLE:
-        return None
-    logger.info("the vocabulary is renamed (%.0f%% of sampled embedding rows match, %.0f%% at their own ID): token inputs follow the renaming",
-                100 * matched, 100 * in_place)
-    unique, inverse = torch.unique(tokens, return_inverse=True)
-    return _nearest(a[unique], b)[1][inverse].view_as(tokens)
+    return renamed_ids(_unit_rows(model_a), _unit_rows(model_b), tokens, seed=seed)

@@ -165,3 +165,36 @@ def test_pairs_of_different_widths_are_not_tested():
     assert math.isnan(result.tau_bar[0, 2]) and result.p_adjusted[0, 2] == 1 and result.p_adjusted[1, 2] == 1
     assert result.p_adjusted[0, 1] == pytest.approx(10 ** result.log10_p[0, 1].item())  # one test: Holm leaves it as it is
     assert result.families == [["a", "a copy"], ["wider"]]
+
+
+def test_a_renamed_vocabulary_does_not_evade_lineage(tmp_path, monkeypatch):
+    """`lens-bias lineage` finds a renamed vocabulary from the models' embedding sketches: the renamed copy, and its
+    4-bit copy, read the base's tokens under their new IDs and are related to it; the two renamed copies share one
+    token order, so they read the same IDs; an unrelated init is left alone. A saved fingerprint counts as a model,
+    and a re-run loads no model."""
+    from lens_bias.models.transforms import rename_vocabulary
+
+    base = lens_bias.random_init("llama", seed=3, **SMALL)
+    renamed = rename_vocabulary(base, seed=1)
+    folder = tmp_path / "models"
+    folder.mkdir()
+    save_checkpoint(base, folder / "a_base.pt")
+    save_checkpoint(renamed, folder / "b_renamed.pt")
+    save_checkpoint(quantize(renamed, bits=4), folder / "c_renamed_4bit.pt")
+    sp.fingerprint(lens_bias.random_init("llama", seed=4, **SMALL), n=128, seq_len=8, vocab=2000, progress=False).save(folder / "d_init4.pt")
+    kw = dict(n=128, seq_len=8, m=32, cache=tmp_path / "cache", progress=False)
+    result = sp.pairwise_lineage([str(folder)], **kw)
+    table = result.to_pandas().assign(a=lambda t: t.a.str.rsplit("/", n=1).str[-1], b=lambda t: t.b.str.rsplit("/", n=1).str[-1]).set_index(["a", "b"])
+    for suspect in ("b_renamed.pt", "c_renamed_4bit.pt"):
+        row = table.loc[("a_base.pt", suspect)]
+        assert row.renamed_vocabulary and row.related and row.tau_bar > 0.8, row
+    assert not table.loc[("b_renamed.pt", "c_renamed_4bit.pt")].renamed_vocabulary  # one token order: nothing to rename
+    assert table.loc[("b_renamed.pt", "c_renamed_4bit.pt")].related
+    for other in ("a_base.pt", "b_renamed.pt", "c_renamed_4bit.pt"):
+        row = table.loc[(other, "d_init4.pt")]
+        assert not row.renamed_vocabulary and not row.related and abs(row.tau_bar) < 0.2, row
+    assert [len(f) for f in result.families] == [3, 1]
+    # the renamed fingerprints are cached too: a re-run loads no model and finds the same
+    monkeypatch.setattr("lens_bias.seedprint.families.load_model", lambda text: pytest.fail(f"loaded {text} again"))
+    again = sp.pairwise_lineage([str(folder)], **kw)
+    assert again.renamed == result.renamed and torch.equal(again.tau_bar.nan_to_num(), result.tau_bar.nan_to_num())
