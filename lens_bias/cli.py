@@ -175,7 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
         "(which base each model descends from), also LeaFBench's metrics: AUC, accuracy/TPR/FPR at the Youden threshold, TPR at 1% FPR.",
     )
     g.add_argument("models", nargs="+", metavar="MODEL", help="model files, folders of them, shipped names, random-init specs")
-    g.add_argument("--labels", default=None, metavar="FILE", help="CSV (model,base) or JSON {model: base}: the base each model descends from")
+    g.add_argument("--labels", action="append", default=None, metavar="FILE",
+                   help="CSV (model,base) or JSON {model: base}: the base each model descends from (repeatable, e.g. one labels.csv per 'lens-bias descendants --out')")
     g.add_argument("--align", choices=[m for m in seedprint.ALIGN_MODES if m], default=None, help="align each pair first (judged against an aligned seeds null)")
     g.add_argument("--correction", choices=list(seedprint.families.CORRECTIONS), default="holm", help="multiple-testing correction")
     g.add_argument("--alpha", type=float, default=0.01, help="level of the adjusted verdicts")
@@ -287,19 +288,20 @@ def _seedprint(args: argparse.Namespace) -> str:
 
 def _lineage(args: argparse.Namespace) -> str:
     labels = None
-    if args.labels is not None:
-        text = Path(args.labels).read_text()
-        if args.labels.endswith(".json"):
-            labels = json.loads(text)
+    for file in args.labels or []:
+        text = Path(file).read_text()
+        if file.endswith(".json"):
+            found = json.loads(text)
         else:
             rows = [line.split(",") for line in text.splitlines() if line.strip()]
-            labels = {row[0].strip(): row[1].strip() for row in rows if row[0].strip() not in ("model", "name")}
+            found = {row[0].strip(): row[1].strip() for row in rows if row[0].strip() not in ("model", "name")}
+        labels = {**(labels or {}), **found}
     models = seedprint.families.expand_models(args.models)
     if labels is not None:  # a label may name a model by its path or by its file name
         labels = {name: labels.get(name, labels.get(Path(name).name)) for name in models}
         missing = [name for name, base in labels.items() if base is None]
         if missing:
-            raise LensBiasError(f"{args.labels} names no base for {missing}")
+            raise LensBiasError(f"{', '.join(args.labels)} name no base for {missing}")
     result = seedprint.pairwise_lineage(
         models, labels=labels, align=args.align, correction=args.correction, alpha=args.alpha, n=args.n, seq_len=args.seq_len,
         vocab=args.vocab, m=args.m, ratio_k=args.ratio_k, cache=args.cache, progress=not args.no_progress,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -123,6 +124,25 @@ class DescendantsResult:
 
     def to_pandas(self) -> pd.DataFrame:
         return self.table.copy()
+
+    def save_fingerprints(self, folder: Union[str, Path], family: str) -> Path:
+        """Write every fingerprint to ``folder`` as ``FAMILY--TARGET.pt`` and their bases to ``labels.csv`` (the base
+        and its descendants share ``family``; each random init is its own), so that ``lens-bias lineage`` tests every
+        pair of these models, and of other families' folders, without making them again.
+
+        Returns:
+            The labels file, for ``lens-bias lineage FOLDER... --labels``.
+        """
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        rows = []
+        for target, fp in self.fingerprints.items():
+            name = f"{_slug(family)}--{_slug(target)}.pt"
+            fp.save(folder / name)
+            rows.append({"model": name, "base": _slug(family) if not target.startswith("random init") else name})
+        labels = folder / "labels.csv"
+        pd.DataFrame(rows).to_csv(labels, index=False)
+        return labels
 
     def markdown(self) -> str:
         """The verdicts (one column of log10 p per align mode), the models, the metrics."""
@@ -285,6 +305,10 @@ def real_descendants(
     )
 
 
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.]+", "-", text).strip("-")
+
+
 def _metrics(pairs: pd.DataFrame) -> pd.DataFrame:
     """LeaFBench's metrics of one set of pairs (score −log10 p), and the verdicts' own rates at α: the share of
     related pairs called related (TPR at α) and of unrelated pairs called related (the FPR measured)."""
@@ -350,4 +374,5 @@ class DescendantsExperiment(Experiment):
             Path(args.out).mkdir(parents=True, exist_ok=True)
             result.table.to_csv(Path(args.out) / "descendants.csv", index=False)
             (Path(args.out) / "descendants.md").write_text(result.markdown())
+            result.save_fingerprints(Path(args.out) / "fingerprints", Path(args.model).name.removesuffix(".gguf"))
         return Outcome(result.markdown(), result.all_as_expected)

@@ -11,6 +11,7 @@ import torch
 from scipy.stats import mannwhitneyu
 
 import lens_bias
+from lens_bias.cli import main
 from lens_bias import LensBiasError, seedprint
 from lens_bias.core.corpora import Corpus, code
 from lens_bias.core.inputs import text_tokens
@@ -218,7 +219,7 @@ def test_auc_is_the_mann_whitney_probability():
         auc([1.0, 2.0], [True, True])
 
 
-def test_experiment_on_a_tiny_model(code_blocks):
+def test_experiment_on_a_tiny_model(code_blocks, tmp_path):
     model = tiny("llama", d_vocab=1024)  # the analytic null wants N ≤ V/4 token inputs (the tiny preset's N is 256)
     before = state_copy(model)
     result = D.real_descendants(model, "tiny", data=code_blocks, progress=False)
@@ -259,6 +260,15 @@ def test_experiment_on_a_tiny_model(code_blocks):
     assert result.metrics.set_index("align").loc[["orthogonal", "linear"], "auc"].eq(1.0).all()
     assert result.metrics.set_index("align").loc["None", "auc"] < 1.0  # reparametrised descendants score like random inits
     assert f"| {permuted} |" in result.markdown() and "tpr_at_1pct_fpr" in result.markdown()
+    # the saved fingerprints are models for `lens-bias lineage`: every pair, the same τ̄ as the experiment's base tests
+    labels = result.save_fingerprints(tmp_path / "prints", "tiny model")
+    assert main(["lineage", str(tmp_path / "prints"), "--labels", str(labels), "--ratio-k", str(config.ratio_k), "--out", str(tmp_path / "out"),
+                 "--no-progress"]) == 0
+    lineage = pd.read_csv(tmp_path / "out" / "pairs.csv").assign(a=lambda t: t.a.str.rsplit("/", n=1).str[-1], b=lambda t: t.b.str.rsplit("/", n=1).str[-1])
+    assert len(lineage) == (len(models) + 1) * len(models) // 2 and lineage.same_base.sum() == 13 * 14 // 2
+    with_base = lineage[(lineage.a == "tiny-model--base.pt") | (lineage.b == "tiny-model--base.pt")]
+    against_base = with_base.set_index(with_base.a.where(with_base.b == "tiny-model--base.pt", with_base.b)).tau_bar
+    assert against_base[[f"tiny-model--{D._slug(t)}.pt" for t in models.target]].tolist() == pytest.approx(by_mode["None"].tau_bar.tolist(), abs=1e-6)
 
 
 @pytest.mark.slow  # a whole tiny experiment: the fast tier keeps test_experiment_on_a_tiny_model
