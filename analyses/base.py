@@ -32,13 +32,17 @@ class Result(Serialisable):
     """Base of every section's result: a dataclass with a table, headline numbers and a one-paragraph summary.
 
     Class attributes say how the report shows it: ``heading`` (its part of the page), ``headline_labels``
-    (headline key -> label of the numbers the page opens with), ``plot_caption`` and ``view_caption``. A result
+    (headline key -> label of the numbers the page opens with), ``trained_headline`` (the keys among them that mean
+    something for a trained model; None: all), ``key_column`` (the page shows the rows with its largest values),
+    ``plot_caption`` and ``view_caption``. A result
     with a figure overrides :meth:`plot`, one with a circuitsvis view overrides :meth:`show`. ``to_dict`` /
     ``from_dict`` write and read every field (tensors exactly).
     """
 
     heading: ClassVar[str] = ""
     headline_labels: ClassVar[Mapping[str, str]] = {}
+    trained_headline: ClassVar[tuple[str, ...] | None] = None
+    key_column: ClassVar[str] = ""
     plot_caption: ClassVar[str] = ""
     view_caption: ClassVar[str] = ""
 
@@ -54,6 +58,10 @@ class Result(Serialisable):
         """A short human-readable paragraph."""
         raise NotImplementedError
 
+    def page_summary(self) -> str:
+        """What the report page prints beside the figure: the summary, less what the page's table already shows."""
+        return self.summary().replace("to_pandas()", "the CSV")
+
     def plot(self, **kwargs: Any) -> Any:
         """This section's matplotlib Figure (needs ``lens-bias[plot]``)."""
         raise LensBiasError(f"{type(self).__name__} has no figure; its numbers are in .to_pandas()")
@@ -61,6 +69,10 @@ class Result(Serialisable):
     def show(self, **kwargs: Any) -> Any:
         """This section's circuitsvis view (renders in Jupyter; ``lens_bias.viz.save_html`` writes it to a page)."""
         raise LensBiasError(f"{type(self).__name__} has no circuitsvis view (lens_bias.viz.attention_view(model, tokens) draws attention)")
+
+    def views(self) -> dict[str, Any]:
+        """Every circuitsvis view of this section by caption (one, :meth:`show`'s, unless a section has more)."""
+        return {self.view_caption or type(self).__name__: self.show()}
 
     @property
     def has_figure(self) -> bool:

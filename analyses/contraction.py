@@ -73,6 +73,8 @@ class ContractionResult(Result):
     """Per-layer inter/intra-sequence cosine and the build-up of the seed direction."""
 
     heading = "Contraction"
+    trained_headline = ()  # the contraction toward one seed direction is what an init is born with
+    key_column = "inter"
     headline_labels = {"inter_final": "inter (final norm)", "intra_final": "intra (final norm)", "energy_share_final": "energy along the seed direction"}
     plot_caption = "contraction per layer"
 

@@ -36,7 +36,7 @@ from lens_bias.analyses.base import Analysis, Result, measure
 from lens_bias.analyses.perplexity import PerplexityTable, perplexity_table
 from lens_bias.core.adapter import ModelAdapter, Probe
 from lens_bias.core.errors import LensBiasError
-from lens_bias.core.figures import new_figure
+from lens_bias.core.figures import layer_axis, new_figure
 from lens_bias.core.inputs import InputSpec
 from lens_bias.hooks import Compose, SetActivations
 
@@ -69,6 +69,8 @@ class MassiveActivationsResult(Result):
     massive_ratio: float
 
     heading = "Massive activations"
+    trained_headline = ()  # a trained model's page states them in its anatomy
+    key_column = "value"
     headline_labels = {"onset_layer": "onset layer", "onset_dims": "massive dims at onset", "max_top1": "largest |h|", "max_over_median": "largest |h| / median"}
     plot_caption = "largest |h| and median |h| per block output"
 
@@ -146,6 +148,7 @@ class MassiveActivationsResult(Result):
         if onset is not None:
             ax.axvline(onset, color="k", linestyle="--", label=f"onset, layer {onset}")
         ax.set_xlabel("layer")
+        layer_axis(ax.xaxis)
         ax.set_ylabel("|h| of the block output")
         ax.legend(fontsize=8)
         return fig

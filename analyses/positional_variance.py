@@ -81,6 +81,8 @@ class PositionalVarianceResult(Result):
     """Per-position std across sequences of each head's output (before W_O) and each layer's (after W_O)."""
 
     heading = "Positional variance"
+    trained_headline = ("r_last_median",)  # the fitted α tests the init law
+    key_column = "r_out"
     headline_labels = {"alpha_out": "α of r_t, layer 0", "r_last_median": "median r_T−1 over layers"}
     plot_caption = "positional variance r_t"
 

@@ -17,8 +17,8 @@ measured ones (the super-weight candidates, the massive dimensions and their mea
 | super weight (layer, row, col) removed | ``RemoveWeight``, for each of the top candidates | super weight → massive dim |
 | down_proj row removed | ``ZeroOutputDims``: everything the layer's MLP writes into the massive dim | super neurons → massive dim |
 | random weights removed | ``RemoveWeights`` of as many random weights of the same matrix | control |
-| massive dims at their mean | ``SetActivations`` after every block: position 0's massive dims set to their mean over positions ≥ 1 | massive dim → sink |
-| position 0 at the mean state | ``SetActivations`` after every block: position 0's whole state set to the mean state of positions ≥ 1 | parity: no first-token privilege left |
+| massive dims at the later positions' mean | ``SetActivations`` after every block: position 0's massive dims set to this model's mean over positions ≥ 1 (not Sun et al.'s mean ablation, which keeps their mean at the massive token) | massive dim → sink |
+| position 0 at the later positions' mean state | ``SetActivations`` after every block: position 0's whole state set to the mean state of positions ≥ 1 | parity: no first-token privilege left |
 | MaskToSelf(k), AmplifyVariance(k, λ) | a later token made to look like the first | what moves the sink |
 
 The means are constants per layer estimated on the calibration sequences, so no information flows from later
@@ -60,6 +60,7 @@ VERDICTS = ("removes the sink", "weakens it", "no effect", "strengthens it")
 # "removes": Sink_0 falls to at most this share of the unedited model's; weakens / strengthens: a paired change
 # beyond 3 SE *and* of at least 5 points of Sink_0 (significance alone calls 70.6% → 69.8% a weakening on 32 sequences).
 _REMOVED, _SE, _POINTS = 0.1, 3.0, 5.0
+_MOVES = "a later token made first-like"  # the link of the conditions that move the sink: they test no necessity
 
 
 @dataclass(frozen=True)
@@ -141,14 +142,17 @@ def anatomy_conditions(
                   "super neurons → massive dim", (ZeroOutputDims(layer=layer, dims=(row,)),)),
         Condition(f"{len(picks)} random weights removed", f"{len(picks)} random weights of {matrix} = 0 (seed {seed})", "control",
                   (RemoveWeights(weights=tuple((layer, int(i) % d_model, int(i) // d_model) for i in picks)),)),
-        Condition(f"massive dims {dims} at their mean", f"position 0's dims {dims} set after every block to their calibration mean over positions ≥ 1",
+        Condition(f"massive dims {dims} at the later positions' mean",
+                  f"position 0's dims {dims} set after every block to this model's mean over positions ≥ 1 (calibration sequences): close to "
+                  "zeroing them, unlike Sun et al.'s mean ablation, which keeps their own mean at the massive token",
                   "massive dim → sink", (_at_every_block(info.n_layers, dims, means),)),
-        Condition("position 0 at the mean state", "position 0's whole state set after every block to the calibration mean state of positions ≥ 1",
-                  "first-token privilege → sink", (_at_every_block(info.n_layers, range(d_model), means),)),
-        Condition(f"MaskToSelf({position})", f"token {position} attends only to itself in every layer", "a later token made first-like",
+        Condition("position 0 at the later positions' mean state",
+                  "position 0's whole state set after every block to this model's mean state over positions ≥ 1 (calibration sequences): "
+                  "first-token parity, which tests no single link", "first-token privilege → sink", (_at_every_block(info.n_layers, range(d_model), means),)),
+        Condition(f"MaskToSelf({position})", f"token {position} attends only to itself in every layer", _MOVES,
                   (MaskToSelf(position=position),)),
         Condition(f"AmplifyVariance({position}, {factor:g})", f"token {position}'s attention output spread {factor:g}× around its batch mean",
-                  "a later token made first-like", (AmplifyVariance(position=position, factor=factor),)),
+                  _MOVES, (AmplifyVariance(position=position, factor=factor),)),
     ]
     return conditions
 
@@ -177,7 +181,9 @@ class SinkAttributionResult(Result):
     # default conditions left out because their edits cannot act on this model -> why, in one line
     skipped: dict[str, str] = field(default_factory=dict)
 
-    heading = "Sink attribution"
+    heading = "What removes the sink"
+    headline_labels = {"cheapest_removal": "cheapest condition that removes the sink", "cheapest_removal_ppl_ratio": "its perplexity (× unedited)",
+                       "necessary_links": "links whose edit removes or weakens the sink"}
     plot_caption = "Sink_0 (%) per condition and layer"
 
     def _paired(self, values: Tensor) -> tuple[Tensor, Tensor]:
@@ -235,7 +241,7 @@ class SinkAttributionResult(Result):
             "removed_by": removing.condition.tolist(),
             "cheapest_removal": None if cheapest is None else cheapest.condition,
             "cheapest_removal_ppl_ratio": None if cheapest is None else float(cheapest.ppl_ratio),
-            "necessary_links": sorted(set(table.link[table.verdict.isin(VERDICTS[:2])]) - {"", "control"}),
+            "necessary_links": sorted(set(table.link[table.verdict.isin(VERDICTS[:2])]) - {"", "control", _MOVES}),
         }
 
     def summary(self) -> str:
@@ -255,6 +261,11 @@ class SinkAttributionResult(Result):
             lines.append("  no condition removes the sink")
         lines += [f"  skipped {name}: {why}" for name, why in self.skipped.items()]
         return "\n".join(lines)
+
+    def page_summary(self) -> str:
+        """The rule of the verdicts and what removes the sink (the page's table has a row per condition)."""
+        lines = self.summary().splitlines()
+        return "\n".join([lines[0], *lines[len(self.conditions) + 1:]])
 
     def plot(self) -> Any:
         """Sink_0 (%) as a condition × layer heatmap."""

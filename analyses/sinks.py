@@ -118,6 +118,8 @@ class SinksResult(Result):
     alpha: Float[Tensor, "n layer head key"] | None = None  # per sequence: Sinks(per_sequence=True) only
 
     heading = "Attention sinks"
+    trained_headline = ("first_token_share", "norm_ratio_0_max")  # Sink_0 is in the anatomy
+    key_column = "sink_rate_0"
     headline_labels = {"sink_rate_0": "Sink_0 (%)", "first_token_share": "first-token share α_0", "norm_ratio_0_max": "max ‖h_0‖ / median ‖h_t‖"}
     plot_caption = "first-token sink per layer and head"
 
@@ -146,15 +148,22 @@ class SinksResult(Result):
         return self.alpha_mean[..., position]
 
     def plot(self, position: int = 0, eps: float | None = None) -> Any:
-        """Sink rate of one key position as a layer × head heatmap."""
+        """Sink rate of one key position as a layer × head heatmap; where no head passes ε (a random init), the
+        mean attention share of that key instead, which still says where attention goes."""
         fig = new_figure()
         ax = fig.subplots()
+        eps = self.eps if eps is None else eps
         rate = self.rate_by_head(position, eps)
-        image = ax.imshow(rate.numpy(), vmin=0, vmax=100, cmap="viridis", aspect="auto")
+        if rate.max() > 0:
+            image = ax.imshow(rate.numpy(), vmin=0, vmax=100, cmap="viridis", aspect="auto")
+            ax.set_title(f"Sink_{position} (%) at ε {eps}")
+        else:
+            share = self.share(position)
+            image = ax.imshow(share.numpy(), vmin=0, cmap="viridis", aspect="auto")
+            ax.set_title(f"mean α_{position}: no head passes ε {eps}", fontsize=10)
         integer_ticks(ax, *rate.shape)
         ax.set_xlabel("head")
         ax.set_ylabel("layer")
-        ax.set_title(f"Sink_{position} (%) at ε {self.eps if eps is None else eps}")
         fig.colorbar(image, ax=ax)
         return fig
 

@@ -116,6 +116,8 @@ class SuperNeuronsResult(Result):
     massive_ratio: float
 
     heading = "Super neurons"
+    trained_headline = ()  # in the anatomy
+    key_column = "massive_dim_value"
     headline_labels = {"top_unit_writes": "top super neuron's write into the massive dim", "massive_dim": "massive dim",
                        "dominance_at_max": "dimension disparity at the position", "resid_max_over_median": "residual max/median |h|"}
 

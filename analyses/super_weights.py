@@ -30,7 +30,7 @@ from lens_bias.analyses.base import Analysis, Result, measure
 from lens_bias.analyses.perplexity import PerplexityTable, perplexity_table
 from lens_bias.core.adapter import ModelAdapter, ModelInfo, Probe
 from lens_bias.core.errors import LensBiasError
-from lens_bias.core.figures import new_figure
+from lens_bias.core.figures import layer_axis, new_figure
 from lens_bias.core.inputs import InputSpec
 from lens_bias.core.offload import read_weight
 from lens_bias.hooks import RemoveWeight, RemoveWeights
@@ -97,6 +97,8 @@ class SuperWeightsResult(Result):
     position: int = 0
 
     heading = "Super weights"
+    trained_headline = ()  # in the anatomy
+    key_column = "share"
     headline_labels = {"layer": "top candidate: layer", "row": "row (residual dim)", "col": "col (MLP unit)", "share": "share of the output spike"}
     plot_caption = "down-projection input and output spikes per layer (Yu et al.)"
 
@@ -134,6 +136,7 @@ class SuperWeightsResult(Result):
         ax.annotate(f"layer {best}: [{int(self.output_dim[best])}, {int(self.input_unit[best])}]", (best, self.output_max[best].item()),
                     textcoords="offset points", xytext=(8, 8), fontsize=8)
         ax.set_xlabel("layer")
+        layer_axis(ax.xaxis)
         ax.set_ylabel(f"|value| at position {self.position}")
         ax.legend(fontsize=8)
         return fig

@@ -36,6 +36,7 @@ class TokenPreferenceResult(Result):
     """Mean next-token distribution over random inputs and how lopsided it is."""
 
     heading = "Token preference"
+    trained_headline = ()  # over text a trained model prefers what text continues with, not an init's seed direction
     headline_labels = {"max_min_ratio": "max/min p̄", "uniform_ratio": "V·max p̄", "entropy_ratio": "H(p̄)/log V", "tau_halves": "τ halves"}
     plot_caption = "sorted V·p̄"
     view_caption = "preferred tokens (log10 V·p̄)"

@@ -120,6 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--batch-size", type=int, default=None, help="sequences per forward pass (default: automatic)")
     r.add_argument("--sections", nargs="+", choices=list(SECTIONS), default=None, help="sections to compute (default: all)")
     r.add_argument("--ablations", action="store_true", help="add the ablation table (one more pass per condition)")
+    r.add_argument("--attribution", action="store_true",
+                   help="add what makes the sink, link by link (sink_attribution: two passes per condition; token or text inputs), after the anatomy")
     r.add_argument("--json", action="store_true", help="print the report as JSON instead of text")
     r.add_argument("--html", default=None, metavar="PATH", help="also write an offline HTML page: tables, figures, circuitsvis views")
     r.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -239,6 +241,7 @@ def _analyze(args: argparse.Namespace) -> str:
         progress=not args.no_progress,
         sections=args.sections,
         ablations=args.ablations,
+        attribution=args.attribution,
     )
     if args.html:
         report.to_html(args.html)

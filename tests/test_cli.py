@@ -1,6 +1,10 @@
 """The lens-bias command: in process, as `python -m lens_bias`, and as the installed console script."""
 
+import base64
+import gzip
+import io
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -85,11 +89,18 @@ def test_model_spec_strings():
     assert main(["fingerprint", "llama:width=64", "-o", "x.pt"]) == 2
 
 
+def test_analyze_with_attribution_makes_the_page_with_the_chain(tmp_path, capsys):
+    page = tmp_path / "report.html"
+    assert main(["analyze", *SMALL, "--arch", "llama", "--attribution", "--html", str(page), "--sections", "sinks", "super_neurons"]) == 0
+    text = page.read_text()
+    assert "<h2>What removes the sink</h2>" in text and "sink attribution (4 sequences of 16 tokens" in capsys.readouterr().out
+
+
 def test_html_report(tmp_path, capsys):
     page = tmp_path / "report.html"
     assert main(["analyze", *SMALL, "--html", str(page), "--sections", "token_preference", "positional_variance"]) == 0
     text = page.read_text()
-    assert text.count("var CircuitsVis") == 1 and "<h2>Positional variance</h2>" in text and "data:image/png" in text
+    assert text.count('DecompressionStream("gzip")') == 2 and "<h2>Positional variance</h2>" in text and "data:image/png" in text  # bundle, CSV links
 
 
 def test_train_then_fingerprint_the_checkpoint(tmp_path, capsys):
@@ -119,10 +130,16 @@ def test_fingerprint_default_length_fits_the_models_context(tmp_path, capsys):
 
 def test_attribution_command_writes_its_tables(tmp_path, capsys):
     code = main(["attribution", "--model", "llama:d=64,L=2,H=4,V=97,ctx=32", "--preset", "tiny", "--set", "inputs=tokens",
-                 "--out", str(tmp_path), "--no-progress"])
+                 "--out", str(tmp_path), "--html", str(tmp_path / "page.html"), "--no-progress"])
     out = capsys.readouterr().out
     assert code == 0 and "sink attribution (8 sequences of 32 tokens" in out and "### The chain" in out
     table = __import__("pandas").read_csv(tmp_path / "attribution.csv")
+    # --html: the report page of the measured windows, with this attribution's table (its CSV in the page) after the anatomy
+    page = (tmp_path / "page.html").read_text()
+    packed = re.search(r'data-name="sink_attribution.csv" data-csv="([^"]+)"', page)[1]
+    in_page = __import__("pandas").read_csv(io.BytesIO(gzip.decompress(base64.b64decode(packed))))
+    assert in_page.condition.tolist() == table.condition.tolist() and in_page.sink_0.tolist() == pytest.approx(table.sink_0.tolist(), rel=1e-5)
+    assert "<h2>What removes the sink</h2>" in page
     assert table.condition[0] == "unedited" and len(table) == 9 and (tmp_path / "chain.csv").exists() and (tmp_path / "sink_by_condition.png").exists()
     assert main(["attribution", "--model", "llama:d=64,L=2,H=4,V=97,ctx=32", "--preset", "tiny", "--no-progress"]) == 2  # text needs a tokenizer
     assert "needs model.tokenizer" in capsys.readouterr().err

@@ -7,9 +7,12 @@ so the means the conditions set come from sequences that are never measured.
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from torch import Tensor
 
 from lens_bias.analyses.sink_attribution import SinkAttributionResult, sink_attribution
 from lens_bias.core.errors import LensBiasError
@@ -18,8 +21,9 @@ from lens_bias.core.serialise import Serialisable
 from lens_bias.core.tables import markdown_table
 from lens_bias.experiments.base import Experiment, Outcome
 from lens_bias.models import load_model
+from lens_bias.report import analyze
 
-__all__ = ["AttributionConfig", "PRESETS", "run_attribution", "AttributionExperiment"]
+__all__ = ["AttributionConfig", "PRESETS", "run_attribution", "attribution_tokens", "AttributionExperiment"]
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,15 @@ PRESETS = {
 
 def run_attribution(model: Any, config: AttributionConfig = AttributionConfig(), *, progress: bool = True) -> SinkAttributionResult:
     """``sink_attribution`` on ``config.n`` measured and ``config.calibration`` calibration sequences of ``model``."""
+    tokens, calibration = attribution_tokens(model, config)
+    return sink_attribution(
+        model, tokens, calibration=calibration, eps=config.eps, n_candidates=config.n_candidates, n_random=config.n_random,
+        position=config.position, factor=config.factor, seed=config.seed, progress=progress,
+    )
+
+
+def attribution_tokens(model: Any, config: AttributionConfig) -> tuple[Tensor, Tensor]:
+    """The measured and the calibration token windows of ``config``, disjoint."""
     total = config.n + config.calibration
     check_context(config.seq_len, int(model.cfg.n_ctx))  # before any tokens are made
     if config.inputs == "text":
@@ -69,10 +82,7 @@ def run_attribution(model: Any, config: AttributionConfig = AttributionConfig(),
         calibration = random_tokens(config.calibration, config.seq_len, vocab, seed=config.seed + 1)
     else:
         raise LensBiasError(f"inputs must be 'text' or 'tokens', got {config.inputs!r}")
-    return sink_attribution(
-        model, tokens, calibration=calibration, eps=config.eps, n_candidates=config.n_candidates, n_random=config.n_random,
-        position=config.position, factor=config.factor, seed=config.seed, progress=progress,
-    )
+    return tokens, calibration
 
 
 def _markdown(result: SinkAttributionResult) -> str:
@@ -99,8 +109,16 @@ class AttributionExperiment(Experiment):
     presets = PRESETS
     model_help = "a trained model"
 
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        super().add_arguments(parser)
+        parser.add_argument("--html", default=None, metavar="PATH",
+                            help="also write the model's report page with this attribution (as lens-bias analyze --attribution does) to PATH")
+
     def run(self, config: AttributionConfig, args: Any) -> Outcome:
-        result = run_attribution(load_model(args.model), config, progress=not args.no_progress)
+        model = load_model(args.model)
+        result = run_attribution(model, config, progress=not args.no_progress)
+        if args.html:  # the report of the measured windows, with this attribution after its anatomy
+            analyze(model, inputs=attribution_tokens(model, config)[0], attribution=result, progress=not args.no_progress).to_html(args.html)
         if args.out:
             out = Path(args.out)
             out.mkdir(parents=True, exist_ok=True)

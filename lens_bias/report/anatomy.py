@@ -19,17 +19,22 @@ import torch
 from lens_bias.analyses.base import Result
 from lens_bias.analyses.super_weights import SPIKE
 from lens_bias.core.figures import new_figure
-from lens_bias.core.serialise import Serialisable
 
-__all__ = ["SinkAnatomy", "anatomy_of", "SINK_LAYER_RATE"]
+__all__ = ["SinkAnatomy", "anatomy_of", "SINK_LAYER_RATE", "EARLY_RATIO"]
 
 # A layer sinks when at least this share of its (sequence, head) pairs put more than ε of their attention on token 0.
 SINK_LAYER_RATE = 50.0
+# Before its onset a massive dim can already stand out: an early rise is a pre-onset value at least this many times
+# its block's median |h| (Sun et al.'s massive needs 1000×); it is dated where the dim first reaches half that peak.
+EARLY_RATIO = 100.0
 
 
 @dataclass
-class SinkAnatomy(Serialisable):
+class SinkAnatomy(Result):
     """The links of the first-token sink, measured in one pass (see module docstring)."""
+
+    heading = "Anatomy of the sink"
+    plot_caption = "the chain, link by link"
 
     sink_rate: float  # Sink_0 (%) over (sequence, layer, head)
     sink_layers: list[int]  # layers where Sink_0 ≥ SINK_LAYER_RATE
@@ -48,33 +53,47 @@ class SinkAnatomy(Serialisable):
     disparity_elsewhere: float = float("nan")  # the same at the other positions
     chain: list[dict[str, Any]] = field(default_factory=list)  # sink_attribution's verdicts per link, when run
     largest_spike: float = float("nan")  # max over layers of the smaller of the down-projection's input and output spikes
+    rise_layer: int | None = None  # the massive dim's early rise before its onset (EARLY_RATIO), where there is one
+    rise_value: float | None = None  # its mean |h_0| there
+    rise_ratio: float | None = None  # that over the block's median |h|
 
     def to_pandas(self) -> pd.DataFrame:
+        """One row per link, in the order the chain runs: massive dims (with onset), super weight (with its spike
+        share), super neuron, disparity, sink layers (with the massive dim's early rise); with the chain, the verdict
+        and the perplexity cost of the condition that tests each link."""
         weight = self.super_weights[0] if self.super_weights else {}
         massive = self.onset_layer is not None
+        dim = self.massive_dims[0]
+        sinks = f"layers {_ranges(self.sink_layers) or 'none'} sink (≥ {SINK_LAYER_RATE:.0f}% of heads)"
+        if massive and self.sink_layers and self.sink_layers[0] < self.onset_layer:
+            sinks += f"; from layer {self.sink_layers[0]}, before the onset at {self.onset_layer}"
+            if self.rise_layer is not None:
+                sinks += f": dim {dim} already rises at layer {self.rise_layer} (|h_0| {self.rise_value:.3g}, {self.rise_ratio:.0f}× the median)"
         rows = [
+            ("massive dims", f"dims {self.massive_dims} at position 0, from layer {self.onset_layer}" if massive else "none found by Sun et al.'s rule",
+             f"|h_0| {self.massive_value:.4g} vs median {self.massive_median:.3g} ({self.massive_value / self.massive_median:.3g}×)" if massive
+             else f"largest |h_0| {self.massive_value:.4g} (dim {dim}) vs median {self.massive_median:.3g}; massive needs > 100 and ≥ 1000× the median"),
             ("super weight", f"layers[{weight.get('layer')}].mlp.down_proj.weight[{weight.get('row')}, {weight.get('col')}]" if weight
              else "none found by Yu et al.'s spike rule",
              f"writes {weight['share']:.0%} of the layer's output spike" if weight
              else f"largest down-projection spike {self.largest_spike:.3g} (a spike exceeds {SPIKE:g} in and out)"),
             ("super neuron", f"layer {self.super_neuron.get('layer')} unit {self.super_neuron.get('unit')}" if self.super_neuron
              else "none found: no massive dim to write into",
-             f"writes {self.super_neuron['writes']:.4g} into dim {self.massive_dims[0]}" if self.super_neuron else ""),
-            ("massive dims", f"{self.massive_dims} at position 0" if massive else "none found by Sun et al.'s rule",
-             f"|h| {self.massive_value:.4g} vs median {self.massive_median:.3g}, from layer {self.onset_layer}" if massive
-             else f"largest |h_0| {self.massive_value:.4g} (dim {self.massive_dims[0]}) vs median {self.massive_median:.3g}; "
-                  "massive needs > 100 and ≥ 1000× the median"),
+             f"writes {self.super_neuron['writes']:.4g} into dim {dim}" if self.super_neuron else ""),
             ("disparity", f"max/mean |x_0| {self.disparity:.3g} (layer {self.disparity_layer})", f"other positions up to {self.disparity_elsewhere:.3g}"),
-            ("sink", f"Sink_0 {self.sink_rate:.1f}% at ε {self.eps}", f"layers {_ranges(self.sink_layers) or 'none'} sink (≥ {SINK_LAYER_RATE:.0f}%)"),
+            ("sink", f"Sink_0 {self.sink_rate:.1f}% at ε {self.eps}", sinks),
         ]
         frame = pd.DataFrame(rows, columns=["link", "where", "measured"])
         if self.chain:
             verdicts = {}
             for row in self.chain:  # the first condition of a link: the top candidate's
                 verdicts.setdefault(row["link"], f"{row['condition']}: {row['verdict']} ({row['sink_0']}, perplexity ×{row['ppl_ratio']:.3g})")
-            links = ("super weight → massive dim", "super neurons → massive dim", "massive dim → sink", "", "first-token privilege → sink")
+            links = ("massive dim → sink", "super weight → massive dim", "super neurons → massive dim", "", "first-token privilege → sink")
             frame["causal test"] = [verdicts.get(link, "") for link in links]
         return frame
+
+    def page_summary(self) -> str:
+        return ""  # the page's table is the anatomy
 
     def summary(self) -> str:
         lines = ["anatomy of the first-token sink:"]
@@ -96,28 +115,48 @@ class SinkAnatomy(Serialisable):
         }
 
     def plot(self) -> Any:
-        """The chain as a picture: four boxes, each with its numbers, and the causal verdicts on the arrows."""
-        fig = new_figure(11, 3.0)
-        fig.suptitle("the first-token sink, link by link" + (" (below the arrows: what editing the link does)" if self.chain else ""), fontsize=10)
+        """The chain as a picture: four boxes with their numbers; under each arrow, what editing that link does to
+        the sink; first-token parity, which tests no single link, drawn apart below."""
+        fig = new_figure(12, 4.6 if self.chain else 3.0)
         ax = fig.subplots()
         ax.set_axis_off()
         ax.set_xlim(0, 4)
         ax.set_ylim(0, 1)
-        table = self.to_pandas()
-        boxes = [table.iloc[0], table.iloc[2], table.iloc[3], table.iloc[4]]
-        titles = ["super weight", "massive dimension", "dimension disparity", "attention sink"]
-        for i, (title, row) in enumerate(zip(titles, boxes)):
-            ax.text(i + 0.42, 0.58, f"{title}\n\n{_wrap(row['where'])}\n{_wrap(row['measured'])}", ha="center", va="center", fontsize=8,
-                    bbox={"boxstyle": "round,pad=0.6", "facecolor": "#eef3fb", "edgecolor": "#335"})
-        verdicts: dict[str, Any] = {}
+        top = 0.72 if self.chain else 0.5
+        table = self.to_pandas().set_index("link")
+        weight = self.super_weights[0] if self.super_weights else {}
+        boxes = [("super weight", f"L{weight['layer']} down_proj[{weight['row']}, {weight['col']}]" if weight else table.loc["super weight", "where"],
+                  table.loc["super weight", "measured"])]
+        boxes += [(title, table.loc[link, "where"], table.loc[link, "measured"])
+                  for title, link in (("massive dimension", "massive dims"), ("dimension disparity", "disparity"), ("attention sink", "sink"))]
+        for i, (title, where, measured) in enumerate(boxes):
+            ax.text(i + 0.5, top, f"{title}\n\n{_wrap(where, 28)}\n{_wrap(measured, 28)}", ha="center", va="center", fontsize=9,
+                    bbox={"boxstyle": "round,pad=0.5", "facecolor": "#eef3fb", "edgecolor": "#335"})
+        for i in range(3):
+            ax.annotate("", xy=(i + 1.13, top), xytext=(i + 0.87, top), arrowprops={"arrowstyle": "->", "lw": 1.5})
+        if not self.chain:
+            fig.suptitle("the first-token sink, link by link (which links are necessary: analyze(..., attribution=True))", fontsize=10)
+            return fig
+        fig.suptitle("the first-token sink, link by link; in red, what editing each link does to Sink_0 and to perplexity", fontsize=10)
+        by_link: dict[str, list[dict[str, Any]]] = {}
         for row in self.chain:
-            verdicts.setdefault(row["link"], row)
-        for i, link in enumerate(("super weight → massive dim", "massive dim → sink", "first-token privilege → sink")):
-            ax.annotate("", xy=(i + 1.03, 0.58), xytext=(i + 0.83, 0.58), arrowprops={"arrowstyle": "->", "lw": 1.5})
-            if link in verdicts:  # what editing this link does to the sink (sink_attribution)
-                row = verdicts[link]
-                ax.text(i + 0.93, 0.06, _wrap(f"{row['condition']}: {row['verdict']}, Sink_0 {row['sink_0']}, perplexity ×{row['ppl_ratio']:.3g}", 26),
-                        ha="center", va="bottom", fontsize=7, color="#722")
+            by_link.setdefault(row["link"], []).append(row)
+
+        def verdicts(link: str) -> str:
+            return "\n".join(_wrap(f"{r['condition']}: {r['verdict']}, Sink_0 {r['sink_0']}, perplexity ×{r['ppl_ratio']:.3g}", 48)
+                             for r in by_link.get(link, []))
+
+        # super weight → massive dim (its candidates and the down_proj row) under the first arrow; the massive dims
+        # edited test massive dim → disparity → sink, so their verdict spans the other two arrows
+        first = "\n".join(t for t in (verdicts("super weight → massive dim"), verdicts("super neurons → massive dim")) if t)
+        ax.text(1.0, top - 0.22, first, ha="center", va="top", fontsize=8, color="#722")
+        if "massive dim → sink" in by_link:
+            ax.plot([1.5, 3.5], [top - 0.2, top - 0.2], color="#722", lw=1)
+            ax.text(2.5, top - 0.22, verdicts("massive dim → sink"), ha="center", va="top", fontsize=8, color="#722")
+        parity = verdicts("first-token privilege → sink")
+        if parity:
+            ax.text(2.0, 0.02, "apart from the chain (tests no single link):\n" + parity, ha="center", va="bottom", fontsize=8, color="#722",
+                    bbox={"boxstyle": "round,pad=0.4", "facecolor": "white", "edgecolor": "#722", "linestyle": "--"})
         return fig
 
 
@@ -156,6 +195,10 @@ def anatomy_of(sections: Mapping[str, Result]) -> SinkAnatomy | None:
     dims = (massive.dims(onset, positions=(0,)) if onset is not None else []) or [neurons.massive_dim]  # type: ignore[attr-defined]
     value_by_layer = neurons.resid_at[:, dims[0]]  # type: ignore[attr-defined]
     peak = int(value_by_layer.argmax())
+    ratio_by_layer = value_by_layer / neurons.massive_median  # type: ignore[attr-defined]
+    rise = None
+    if onset is not None and onset > 0 and ratio_by_layer[:onset].max() >= EARLY_RATIO:
+        rise = int((value_by_layer[:onset] >= value_by_layer[:onset].max() / 2).nonzero()[0])
     top_layer, top_unit = neurons.ranked_units(1)[0]  # type: ignore[attr-defined]
     h = neurons.headline()
     candidates, largest_spike = [], float("nan")
@@ -174,4 +217,6 @@ def anatomy_of(sections: Mapping[str, Result]) -> SinkAnatomy | None:
         if onset is not None else {},
         disparity=h["dominance_at_max"], disparity_layer=h["dominance_at_argmax"], disparity_elsewhere=h["dominance_elsewhere_max"],
         chain=attribution.chain().to_dict(orient="records") if attribution is not None else [],  # type: ignore[attr-defined]
+        rise_layer=rise, rise_value=value_by_layer[rise].item() if rise is not None else None,
+        rise_ratio=ratio_by_layer[rise].item() if rise is not None else None,
     )

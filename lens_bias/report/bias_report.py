@@ -17,25 +17,31 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence, Union
 
 import torch
+from torch import Tensor
 
 from lens_bias.analyses.ablation import AblationResult, ablate
 from lens_bias.analyses.base import SECTIONS, Result, run_analyses
+from lens_bias.analyses.sink_heads import N_HEADS, SinkHeadsResult, sink_heads
 from lens_bias.analyses.sink_attribution import SinkAttributionResult, sink_attribution
 from lens_bias.core.adapter import REGIMES, ModelAdapter, ModelInfo
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.figures import figure_png
 from lens_bias.core.inputs import Inputs, InputSpec, RandomTokens, resolve_inputs
-from lens_bias.hooks.base import edit_records
+from lens_bias.hooks.base import Intervention, edit_records
 from lens_bias.report.anatomy import SinkAnatomy, anatomy_of
+from lens_bias.report.page import CSV_SCRIPT, fmt, table_block
 from lens_bias.report.viz import save_html, view_slot
 
 __all__ = ["BiasReport", "analyze", "SECTIONS"]
 
-# Sections that are not an Analysis of the shared pass: opt-in, with passes of their own.
+# Sections that are not an Analysis of the shared pass, with passes of their own.
 EXTRA_SECTIONS: dict[str, type[Result]] = {
     "ablations": AblationResult,  # analyze(model, ablations=True)
     "sink_attribution": SinkAttributionResult,  # analyze(model, attribution=True)
+    "sink_heads": SinkHeadsResult,  # a trained model's strongest sink heads on one window (one short pass per condition)
 }
+# A trained model's page follows its anatomy with what removes the sink and what the sink heads look like.
+_TRAINED_FIRST = ("sink_attribution", "sink_heads")
 
 
 @dataclass
@@ -103,77 +109,79 @@ class BiasReport:
 
     def views(self) -> dict[str, Any]:
         """circuitsvis views of the computed sections that have one (``result.show()``), by heading."""
-        return {r.view_caption or name: r.show() for name, r in self.sections.items() if r.has_view}
+        return {caption: view for r in self.sections.values() if r.has_view for caption, view in r.views().items()}
 
     def headline_table(self) -> list[tuple[str, str, str]]:
-        """The report's headline numbers as (section, number, value) rows, the first thing ``to_html`` shows; a
-        trained model's start with the anatomy of its sink."""
+        """The report's headline numbers as (section, number, value) rows, each once and only where it applies: a
+        trained model's page gives its sink's anatomy a block of its own (:meth:`anatomy`), so its rows here are
+        the other sections' numbers that mean something for a trained model (``Result.trained_headline``)."""
         rows = []
-        anatomy = self.anatomy() if self.model.regime == "trained" else None
-        if anatomy is not None:
-            rows += [("Anatomy of the sink", row.link, f"{row.where}; {row.measured}") for row in anatomy.to_pandas().itertuples()]
+        trained = self.model.regime == "trained"
         for name, result in self.sections.items():
             numbers = result.headline()
             for key, label in result.headline_labels.items():
+                if trained and result.trained_headline is not None and key not in result.trained_headline:
+                    continue
                 value = numbers.get(key)
-                if isinstance(value, (list, tuple)):  # per layer: the first layer's
+                if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):  # names: all of them
+                    value = ", ".join(value) or "none"
+                elif isinstance(value, (list, tuple)):  # per layer: the first layer's
                     value = value[0] if value else None
                 if value is not None:
-                    rows.append((result.heading or name, label, _fmt(value)))
+                    rows.append((result.heading or name, label, fmt(value)))
         return rows
 
-    def to_html(self, path: Union[str, Path], *, views: Mapping[str, Any] | None = None, max_rows: int = 40, short_rows: int = 8) -> Path:
+    def to_html(self, path: Union[str, Path], *, views: Mapping[str, Any] | None = None, rows: int = 8) -> Path:
         """One page that renders offline, laid out like a paper's figure page.
 
-        The headline numbers come first (a trained model's: the anatomy of its sink, whose chain picture is then the
-        first part); then one part per section: its figure (when matplotlib is installed; PNG inlined) beside its
-        summary and first ``short_rows`` rows, the rest of its table (up to ``max_rows``) folded in ``<details>``,
-        and its circuitsvis view. ``views`` adds your own views (e.g. ``viz.attention_view``) at
-        the end; the text summary closes the page, folded.
+        A trained model's page opens with the anatomy of its sink (the chain figure, with the causal verdicts under
+        the links they test when ``attribution=True`` ran), then what removes the sink, the attention of its
+        strongest sink heads, and the other numbers that apply to a trained model; a random init's opens with its
+        headline numbers. Each section then shows its figure (PNG inlined) beside its summary and the ``rows`` rows
+        of its table that carry the finding, with the whole table downloadable as CSV, and its circuitsvis views.
+        ``views`` adds your own views (e.g. ``viz.attention_view``) at the end; the text summary closes the page,
+        folded. circuitsvis' bundle is on the page once, gzipped.
 
         Returns:
             The path written.
         """
         m = self.model
         esc = html.escape
-        rows = self.headline_table()
-        parts = [
-            f'<p class="meta">{esc(m.architecture or m.family)}, d_model {m.d_model}, {m.n_layers} layers × {m.n_heads} heads, '
-            f"V {m.d_vocab} (TL {esc(str(m.tl_version))}, {esc(str(m.device))}/{esc(str(m.dtype))}); inputs: {esc(self.inputs.describe())}</p>",
-            "<h2>Headline numbers</h2>",
+        trained = m.regime == "trained"
+        headline = self.headline_table()
+        table = (
             '<table class="headline"><tr><th>section</th><th>number</th><th>value</th></tr>'
-            + "".join(
-                f"<tr><td>{esc(a) if i == 0 or a != rows[i - 1][0] else ''}</td><td>{esc(b)}</td><td>{esc(c)}</td></tr>"
-                for i, (a, b, c) in enumerate(rows)
-            )
-            + "</table>",
-        ]
+            + "".join(f"<tr><td>{esc(a) if i == 0 or a != headline[i - 1][0] else ''}</td><td>{esc(b)}</td><td>{esc(c)}</td></tr>"
+                      for i, (a, b, c) in enumerate(headline))
+            + "</table>"
+        )
         shown: list[tuple[str, Any]] = list(self.sections.items())
-        anatomy = self.anatomy() if m.regime == "trained" else None
-        if anatomy is not None:  # a trained model's page opens with its sink's anatomy
-            shown.insert(0, ("Anatomy of the sink", anatomy))
+        first = [item for item in shown if trained and item[0] in _TRAINED_FIRST]
+        shown = sorted(first, key=lambda item: _TRAINED_FIRST.index(item[0])) + [item for item in shown if item not in first]
+        anatomy = self.anatomy() if trained else None
+        if anatomy is not None:
+            shown.insert(0, ("anatomy", anatomy))
+        parts = [f'<p class="meta">{esc(m.architecture or m.family)}, d_model {m.d_model}, {m.n_layers} layers × {m.n_heads} heads, '
+                 f"V {m.d_vocab} ({'trained' if trained else 'random init'}; TL {esc(str(m.tl_version))}, {esc(str(m.device))}/{esc(str(m.dtype))}); "
+                 f"inputs: {esc(self.inputs.describe())}</p>", CSV_SCRIPT]
+        if not trained:
+            parts.append(f"<h2>Headline numbers</h2>{table}")
         no_plot = None
-        for name, result in shown:
-            table = result.to_pandas().dropna(axis=1, how="all")  # no empty columns (e.g. token strings without a tokenizer)
-            heading = getattr(result, "heading", "") or name
-            caption = getattr(result, "plot_caption", "") or "the chain, link by link"
+        for index, (name, result) in enumerate(shown):
+            if trained and headline and index == len(first) + (anatomy is not None):  # after the sink's own parts
+                parts.append(f"<section><h2>Other numbers</h2>{table}</section>")
             figure = ""
-            if getattr(result, "has_figure", True) and no_plot is None:
+            if result.has_figure and no_plot is None:
+                caption = result.plot_caption or "the chain, link by link"
                 try:
-                    figure = f"<figure>{figure_png(result.plot())}<figcaption>{esc(caption)}</figcaption></figure>"
+                    figure = f"<figure>{figure_png(result.plot(), alt=esc(caption))}<figcaption>{esc(caption)}</figcaption></figure>"
                 except LensBiasError as err:  # no matplotlib: tables and views only
                     no_plot = str(err)
-            short = table.head(short_rows).to_html(index=False, float_format=_fmt, border=0)
-            side = f'<div><div class="summary">{esc(result.summary())}</div>{short}</div>'
-            part = f"<section><h2>{esc(heading)}</h2><div class=\"row\">{figure}{side}</div>"
-            if len(table) > short_rows:
-                more = f", first {max_rows} shown" if len(table) > max_rows else ""
-                part += (
-                    f"<details><summary>full table ({len(table)} rows{more})</summary>"
-                    + table.head(max_rows).to_html(index=False, float_format=_fmt, border=0) + "</details>"
-                )
-            if getattr(result, "has_view", False):
-                part += view_slot(result.view_caption or name)
+            summary = f'<div><div class="summary">{esc(result.page_summary())}</div></div>' if result.page_summary() else ""
+            part = (f"<section><h2>{esc(result.heading or name)}</h2><div class=\"row\">{figure}{summary}</div>"
+                    + table_block(result.to_pandas(), key=result.key_column, rows=rows, name=name))
+            if result.has_view:
+                part += "".join(view_slot(caption) for caption in result.views())
             parts.append(part + "</section>")
         if no_plot is not None:
             parts.append(f"<p>{esc(no_plot)}</p>")
@@ -199,10 +207,18 @@ class BiasReport:
         return "\n\n".join([header] + ([anatomy.summary()] if anatomy is not None else []) + [r.summary() for r in self.sections.values()])
 
 
-def _fmt(value: Any) -> str:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return str(value)
-    return f"{value:.4g}"
+def _sink_heads(model: Any, tokens: Tensor, results: Mapping[str, Result]) -> SinkHeadsResult:
+    """The strongest sink heads on the first measured sequence; with the attribution, also under the cheapest
+    condition that removes the sink."""
+    rate = results["sinks"].rate_by_head(0)  # type: ignore[attr-defined]
+    top = rate.flatten().topk(min(N_HEADS, rate.numel())).indices.tolist()
+    heads = [(i // rate.shape[1], i % rate.shape[1]) for i in top]
+    conditions = {}
+    attribution = results.get("sink_attribution")
+    if attribution is not None and (name := attribution.headline()["cheapest_removal"]) is not None:  # type: ignore[attr-defined]
+        records = attribution.interventions[attribution.conditions.index(name)]  # type: ignore[attr-defined]
+        conditions[f"under {name}"] = [Intervention.from_dict(record) for record in records]
+    return sink_heads(model, tokens[0], heads, conditions=conditions)
 
 
 def _check_device(adapter: ModelAdapter, device: Union[str, torch.device, None]) -> None:
@@ -228,7 +244,7 @@ def analyze(
     progress: bool = True,
     sections: Sequence[str] | None = None,
     ablations: bool = False,
-    attribution: bool = False,
+    attribution: Union[bool, SinkAttributionResult] = False,
     regime: str | None = None,
     interventions: Sequence[Any] = (),
 ) -> BiasReport:
@@ -260,7 +276,7 @@ def analyze(
         ablations: also run :func:`lens_bias.ablate` on the same inputs (one more pass per condition).
         attribution: also run :func:`lens_bias.analyses.sink_attribution.sink_attribution` on the same token inputs
             (two passes per condition; its odd sequences calibrate, its even ones are measured); its verdicts join
-            the anatomy.
+            the anatomy. Or the result of one already run on these inputs (``lens-bias attribution --html``).
         regime: "init" or "trained", instead of what lens_bias recorded of the model (``ModelInfo.regime``: models
             it did not build or load count as trained).
         interventions: lens_bias.hooks interventions (or lists of them) attached for the pass; the report records
@@ -299,7 +315,11 @@ def analyze(
     results = run_analyses(adapter, data, spec, analyses, batch_size=batch_size, interventions=interventions, progress=progress)
     if ablations:
         results["ablations"] = ablate(model, inputs=data, batch_size=batch_size, progress=progress)
-    if attribution:
-        tokens = data.tensor() if isinstance(data, RandomTokens) else data
+    tokens = data.tensor() if isinstance(data, RandomTokens) else data if isinstance(data, torch.Tensor) and data.ndim == 2 else None
+    if isinstance(attribution, SinkAttributionResult):
+        results["sink_attribution"] = attribution
+    elif attribution:
         results["sink_attribution"] = sink_attribution(model, tokens, batch_size=batch_size, progress=progress)
+    if adapter.info.regime == "trained" and "sinks" in results and tokens is not None and not interventions:
+        results["sink_heads"] = _sink_heads(model, tokens, results)
     return BiasReport(model=adapter.info, inputs=spec, sections=results, interventions=records, skipped=skipped)

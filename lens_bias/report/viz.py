@@ -4,12 +4,15 @@ and view (``result.show()``).
 
 circuitsvis views are ``RenderedHTML`` objects: in Jupyter they render through circuitsvis' own ``_repr_html_``
 (which falls back to the inlined bundle offline). ``save_html`` writes a page that renders offline: it uses each
-view's ``local_src`` (the ~1.3 MB bundle inlined) and puts the bundle on the page once, however many views.
-``str(view)`` loads the bundle from a CDN instead and does not render offline.
+view's ``local_src`` and puts circuitsvis' ~1.3 MB bundle on the page once, however many views, gzipped (~0.5 MB in
+base64) and unpacked by the browser's own ``DecompressionStream``. ``str(view)`` loads the bundle from a CDN instead
+and does not render offline.
 """
 
 from __future__ import annotations
 
+import base64
+import gzip
 import html
 import re
 from pathlib import Path
@@ -18,6 +21,7 @@ from typing import Any, Mapping, Sequence, Union
 import torch
 from torch import Tensor
 
+from lens_bias.analyses import sink_heads
 from lens_bias.analyses.sinks import key_importance
 from lens_bias.core.adapter import ModelAdapter, Probe
 from lens_bias.core.errors import LensBiasError
@@ -28,16 +32,6 @@ _BUNDLE = re.compile(r'<div id="(?P<id>[^"]+)"[^>]*/>\s*<script crossorigin type
 
 
 # ---- circuitsvis views -------------------------------------------------------------------------------------
-
-
-def _token_labels(model: Any, ids: Sequence[int]) -> list[str]:
-    tokenizer = getattr(model, "tokenizer", None)
-    if tokenizer is not None:
-        try:
-            return [tokenizer.decode([i]) for i in ids]
-        except Exception:  # noqa: BLE001 - a tokenizer that cannot decode single IDs: fall back to numbers
-            pass
-    return [str(i) for i in ids]
 
 
 def attention_view(
@@ -77,7 +71,7 @@ def attention_view(
         for head in heads:
             patterns.append(pattern[head])
             names.append(f"L{layer}H{head} α0={alpha0[head]:.2f}")
-    labels = list(token_strings) if token_strings is not None else _token_labels(model, tokens[0].tolist())
+    labels = list(token_strings) if token_strings is not None else sink_heads.token_strings(model, tokens[0].tolist())
     return attention_heads(attention=torch.stack(patterns), tokens=labels, attention_head_names=names)
 
 
@@ -94,7 +88,8 @@ _STYLE = (
     ".row{display:flex;flex-wrap:wrap;gap:1.5em;align-items:flex-start} .row>figure{margin:0;flex:0 1 auto} "
     ".row img{max-width:100%} .row>div{flex:1 1 360px;min-width:0;overflow-x:auto} figcaption{font-size:13px;color:#555} "
     ".summary{white-space:pre-wrap;font-size:13px;color:#333;margin-bottom:.6em} details{margin:.6em 0} "
-    "summary{cursor:pointer;color:#225} section{border-top:1px solid #ddd;margin-top:1.5em}"
+    "summary{cursor:pointer;color:#225} section{border-top:1px solid #ddd;margin-top:1.5em} "
+    "table.dataframe{display:block;overflow-x:auto;max-width:100%;margin-top:.6em} .note{font-size:13px;color:#555}"
 )
 
 
@@ -116,11 +111,24 @@ def page_html(views: Union[Mapping[str, Any], Sequence[Any]] = (), *, title: str
         else:
             blocks.append(block.replace("<h3>", "<h2>").replace("</h3>", "</h2>"))
         calls.append(f"CircuitsVis.render({match['call']});")
-    scripts = "" if bundle is None else f"<script>{bundle}</script>\n<script>\n" + "\n".join(calls) + "\n</script>"
+    scripts = "" if bundle is None else _unpack_and_render(bundle, calls)
     return (
         f'<!doctype html>\n<html><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
         f"<style>{_STYLE}</style></head>\n"
         f"<body>\n<h1>{html.escape(title)}</h1>\n{body}\n" + "\n".join(blocks) + f"\n{scripts}\n</body></html>\n"
+    )
+
+
+def _unpack_and_render(bundle: str, calls: Sequence[str]) -> str:
+    """The script that unpacks the gzipped bundle, runs it as a classic script (which defines ``CircuitsVis``
+    globally, as an inlined bundle would) and draws every view."""
+    packed = base64.b64encode(gzip.compress(bundle.encode("utf-8"), compresslevel=9, mtime=0)).decode()
+    return (
+        "<script>\n(async () => {\n"
+        f'  const packed = Uint8Array.from(atob("{packed}"), c => c.charCodeAt(0));\n'
+        '  const code = await new Response(new Blob([packed]).stream().pipeThrough(new DecompressionStream("gzip"))).text();\n'
+        '  const script = document.createElement("script");\n  script.text = code;\n  document.head.appendChild(script);\n  '
+        + "\n  ".join(calls) + "\n})();\n</script>"
     )
 
 

@@ -75,7 +75,7 @@ def test_mean_conditions_set_position_0_to_the_calibration_means(model, result):
     with torch.no_grad():
         _, cache = model.run_with_cache(CALIBRATION)
     means = torch.stack([cache[f"blocks.{layer}.hook_resid_post"][:, 1:].mean(dim=(0, 1)) for layer in range(model.cfg.n_layers)])
-    state = result.conditions.index("position 0 at the mean state")
+    state = result.conditions.index("position 0 at the later positions' mean state")
     (compose,) = [Intervention.from_dict(d) for d in result.interventions[state]]
     assert [part.layer for part in compose.parts] == list(range(model.cfg.n_layers))
     torch.testing.assert_close(torch.tensor([part.values for part in compose.parts]), means, atol=1e-6, rtol=1e-5)
@@ -151,7 +151,7 @@ def test_smollm2_chain_at_small_n(smollm2):
     # measured: the massive dim shrinks (2.3e4 -> 1.8e4), perplexity ×17, but the sink stays (75% -> 71%)
     assert sw.massive < 0.85 * unedited.massive and sw.ppl_ratio > 5 and sw.sink_0 > 50
     assert table.loc["10 random weights removed"].verdict == "no effect" and table.loc["10 random weights removed"].ppl_ratio == pytest.approx(1, abs=1e-3)
-    parity = table.loc["position 0 at the mean state"]  # measured: 75% -> 0.5%, perplexity ×2.1
+    parity = table.loc["position 0 at the later positions' mean state"]  # measured: 75% -> 0.5%, perplexity ×2.1
     assert parity.verdict == "removes the sink" and parity.ppl_ratio < 5
     assert table.loc["MaskToSelf(4)"].sink_4_diff_in_se > 3
     assert isinstance(result.chain(), pd.DataFrame) and set(result.chain().link) >= {"super weight → massive dim", "massive dim → sink"}

@@ -41,9 +41,9 @@ def _tokens(tokenizer: Any, bos: bool) -> torch.Tensor:
 def test_loads_by_name_and_computes_the_models_own_logits(family):
     name, model, hf, tokenizer = family
     assert [source for source, s in SOURCES.items() if s.matches(name)][0] == "shipped"
-    # a report names the model by its GGUF file's general.name
-    assert lens_bias.ModelAdapter(model).info.name == {"gemma-3-270m": "Gemma 3 270m", "qwen2.5-coder-0.5b-instruct": "Qwen2.5 Coder 0.5B Instruct AWQ",
-                                                       "qwen2.5-coder-1.5b-instruct": "Qwen2.5 Coder 1.5B Instruct GGUF"}.get(name)
+    # a report names the model by its published name, not its GGUF file's general.name (Qwen's says "AWQ", a quantisation it is not)
+    assert lens_bias.ModelAdapter(model).info.name == {"gemma-3-270m": "Gemma 3 270M", "qwen2.5-coder-0.5b-instruct": "Qwen2.5-Coder-0.5B-Instruct",
+                                                       "qwen2.5-coder-1.5b-instruct": "Qwen2.5-Coder-1.5B-Instruct"}.get(name)
     assert type(model).__name__ == ("TransformerBridge" if BACKEND == "bridge" else "HookedTransformer")
     assert (model.cfg.n_layers, model.cfg.d_model) == (hf.config.num_hidden_layers, hf.config.hidden_size)
     ids = tokenizer("The capital of France is Paris. The capital of Germany is", return_tensors="pt").input_ids

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import importlib.metadata
+import re
 import sys
 
 import numpy as np
@@ -12,11 +13,13 @@ import pytest
 import torch
 
 import lens_bias
+from lens_bias.models import huggingface
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.inputs import text_tokens
 from lens_bias.experiments import real_model
 from lens_bias.models.huggingface import from_hf, load_hf, shipped_gguf
 
+from ..report.browser import PAGE_BUDGET, read_page, requires_chromium
 from ..conftest import BACKEND, assert_same_state, requires_tl3, state_copy
 
 
@@ -30,7 +33,9 @@ def test_logits_equal_the_hugging_face_model(smollm2, smollm2_hf):
     assert tokenizer.decode(ours[0, -1].argmax()) == " Paris"
     assert smollm2.cfg.n_layers == 30 and smollm2.cfg.d_model == 576 and smollm2.tokenizer is tokenizer
     assert type(smollm2).__name__ == ("TransformerBridge" if BACKEND == "bridge" else "HookedTransformer")
-    assert lens_bias.ModelAdapter(smollm2).info.name == "Smollm2 135M 8k Lc100K Mix1 Ep2"  # the GGUF file's general.name
+    assert lens_bias.ModelAdapter(smollm2).info.name == "SmolLM2-135M-Instruct"  # its published name
+    # a GGUF file loaded by path is named by its own general.name
+    assert huggingface._check_gguf(lens_bias.models.shipped_gguf())[1] == "Smollm2 135M 8k Lc100K Mix1 Ep2"
 
 
 def test_readouts_are_the_models_own(smollm2, smollm2_hf):
@@ -276,8 +281,11 @@ def test_cli_fingerprint_a_hugging_face_folder(tmp_path, smollm2_hf, capsys):
     assert fp.features.shape == (8, 32) and fp.model["n_layers"] == 2 and "-> " in capsys.readouterr().out
 
 
+@requires_chromium
 def test_a_trained_report_reads_as_one(smollm2, tmp_path):
-    report = lens_bias.analyze(smollm2, inputs="text", n_sequences=8, seq_len=32, progress=False)
+    """The SmolLM2 page a researcher opens: named, one anatomy with the early rise, the chain after it, the attention
+    of the sink heads with and without the sink, tables in words, under 1 MB, drawn without a console message."""
+    report = lens_bias.analyze(smollm2, inputs="text", n_sequences=32, seq_len=64, attribution=True, progress=False)
     assert report.model.regime == "trained" and list(report.sections)[:4] == ["sinks", "massive_activations", "super_weights", "super_neurons"]
     anatomy = report.anatomy()
     # the anatomy of SmolLM2-135M's sink, as measured (docs/experiments/real-model.md): Yu et al.'s super weight writes
@@ -287,10 +295,25 @@ def test_a_trained_report_reads_as_one(smollm2, tmp_path):
     assert anatomy.massive_dims[:2] == [507, 247] and anatomy.onset_layer == 11 and anatomy.massive_value > 1e4
     assert (anatomy.super_neuron["layer"], anatomy.super_neuron["unit"]) == (11, 1229) and anatomy.disparity > 100
     assert anatomy.sink_rate > 60 and set(range(12, 28)) <= set(anatomy.sink_layers)
+    # layers 3-9 sink before the onset: dim 507 at position 0 already stands ~800x above the median from layer 2
+    value = report.super_neurons.resid_at[:, 507] / report.super_neurons.massive_median
+    assert anatomy.sink_layers[0] == 3 and anatomy.rise_layer == 2 and anatomy.rise_ratio == pytest.approx(value[2].item())
+    assert value[2] > 500 and value[10] < 50 and 10 not in anatomy.sink_layers  # and stops sinking where it falls back
     assert "the init law does not apply" in report.positional_variance.summary() and "law_deviation_layer0" not in report.positional_variance.headline()
-    page = report.to_html(tmp_path / "smollm2.html").read_text()
-    assert page.index("Anatomy of the sink") < page.index("<h2>Attention sinks</h2>") < page.index("<h2>Token preference</h2>")
-    assert "ColoredTokens" in page and page.count("CircuitsVis.render(") == 1  # the favourites; no view that says nothing
+    path = report.to_html(tmp_path / "smollm2.html")
+    dom = read_page(path, screenshot="report_smollm2.png")
+    assert "<title>lens_bias report: SmolLM2-135M-Instruct</title>" in path.read_text() and path.stat().st_size < PAGE_BUDGET
+    headings = re.findall(r"<h2>([^<]*)</h2>", dom)
+    assert headings[:4] == ["Anatomy of the sink", "What removes the sink", "Attention of the strongest sink heads", "Other numbers"]
+    assert headings.index("Attention sinks") < headings.index("Token preference")
+    assert "dim 507 already rises at layer 2" in dom and "massive dims [507, 247] at the later positions' mean" in dom
+    # the attention of the strongest sink heads, and the same heads under what removes the sink
+    cheapest = report.sink_attribution.headline()["cheapest_removal"]
+    assert cheapest == "position 0 at the later positions' mean state" and report.sink_heads.conditions == ["unedited", f"under {cheapest}"]
+    alpha0 = report.sink_heads.patterns[..., 0].mean(dim=-1)
+    assert (alpha0[0] > 0.3).all() and (alpha0[1] < 0.1).all()  # measured: ~0.6 unedited, ~0.01 without the sink
+    assert dom.count("circuits-vis-") >= 3 and "the same heads, under position 0" in dom
+    assert "ppl_ratio" not in dom and "perplexity (× unedited)" in dom  # columns in words
 
 
 # ---- a renamed vocabulary (issue: it must not evade the default test) ------------------------------------------

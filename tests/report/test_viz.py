@@ -1,9 +1,9 @@
 """Views, pages and figures; the saved report renders in headless Chromium with networking disabled."""
 
+import base64
 import dataclasses
+import gzip
 import re
-import shutil
-import subprocess
 
 import pytest
 import torch
@@ -13,6 +13,7 @@ from lens_bias import LensBiasError, viz
 from lens_bias.analyses.sinks import key_importance
 
 from ..conftest import shared_tiny
+from .browser import PAGE_BUDGET, read_page, requires_chromium
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +53,11 @@ def remote_loads(page):
     return [t for t in targets if re.match(r"(?:https?:)?//", t)] + imports
 
 
+def packed_bundles(page):
+    """The gzipped scripts a page unpacks, as text."""
+    return [gzip.decompress(base64.b64decode(b)).decode() for b in re.findall(r'atob\("([A-Za-z0-9+/=]+)"\)', page)]
+
+
 def test_remote_loads_finds_what_a_cdn_page_fetches():
     cdn = '<script src="https://cdn.example/cv.js"></script><link rel=stylesheet href=//cdn.example/a.css><script type=module>import "https://esm.sh/x"</script>'
     assert remote_loads(cdn) == ["https://cdn.example/cv.js", "//cdn.example/a.css", "https://esm.sh/x"]
@@ -63,7 +69,9 @@ def test_page_inlines_one_bundle_for_many_views(report, model, tmp_path):
     assert len(views) == 2
     path = viz.save_html(views, tmp_path / "v.html", title="two views")
     text = path.read_text()
-    assert text.count("var CircuitsVis") == 1 and text.count("CircuitsVis.render(") == 2
+    # the bundle is on the page once, gzipped: exactly the bundle of the views' own pages
+    assert packed_bundles(text) == [re.search(r'<script crossorigin type="module">(.*?)CircuitsVis\.render\(', views["attention"].local_src, re.S)[1]]
+    assert text.count("CircuitsVis.render(") == 2 and len(text) < 0.5 * len(views["attention"].local_src)
     assert "unpkg.com" not in text and remote_loads(text) == []
     with pytest.raises(LensBiasError, match="not a circuitsvis"):
         viz.page_html({"x": object()})
@@ -97,32 +105,44 @@ def test_results_plot_and_show_themselves(report):
     assert image.shape == tuple(trained.r_out.shape) and torch.allclose(torch.as_tensor(image.data), torch.log10(trained.r_out), equal_nan=True)
 
 
-def _chromium_offline(args):
-    base = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=8000", *args]
-    if shutil.which("unshare") and subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode == 0:
-        return subprocess.run(["unshare", "-n", *base], capture_output=True, text=True, timeout=120)
-    # no network namespace: send every request to a closed local port instead
-    return subprocess.run([base[0], "--proxy-server=http://127.0.0.1:9", "--proxy-bypass-list=<-loopback>", *base[1:]], capture_output=True, text=True, timeout=120)
+@requires_chromium
+def test_the_browser_check_catches_a_script_error_and_an_undrawn_view(tmp_path):
+    broken = tmp_path / "broken.html"
+    broken.write_text("<html><body><script>notDefined();</script></body></html>")
+    with pytest.raises(AssertionError, match="notDefined is not defined"):
+        read_page(broken)
+    empty = tmp_path / "empty.html"
+    empty.write_text('<html><body><div id="circuits-vis-1234"></div></body></html>')
+    with pytest.raises(AssertionError, match="was not drawn"):
+        read_page(empty)
 
 
-@pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium (.ci/run installs it)")
-def test_report_page_renders_offline_in_chromium(report, model, tmp_path):
+@requires_chromium
+def test_random_init_page_reads_in_the_browser(report, model, tmp_path):
     tokens = lens_bias.random_tokens(1, 10, 200, seed=2)[0]
     path = report.to_html(tmp_path / "report.html", views={"attention": viz.attention_view(model, tokens, layers=[0])})
-    done = _chromium_offline(["--dump-dom", path.as_uri()])
-    dom = done.stdout
-    ids = re.findall(r'<div id="(circuits-vis-[^"]+)"', path.read_text())
-    assert len(ids) == 2  # the favourite tokens and the attention view
-    for view_id in ids:  # each view's container now holds elements React drew, not just an empty div
-        assert re.search(rf'<div id="{view_id}"[^>]*><[a-z]', dom), f"view {view_id} did not render"
-    assert dom.count("<img") == len(report.figures()) == 6 and "<table" in dom
-    # read like a figure page: headline numbers first, figures before the folded tables, the text summary last
+    dom = read_page(path, screenshot="report_random_init.png")
+    assert len(re.findall(r'<div id="(circuits-vis-[^"]+)"', path.read_text())) == 2  # the favourite tokens and the attention view
+    assert dom.count("<img") == len(report.figures()) == 6 and "<table" in dom and path.stat().st_size < PAGE_BUDGET
+    # read like a figure page: headline numbers first, figures before the tables, the text summary last
     assert re.findall(r"<h2>([^<]*)</h2>", dom)[:2] == ["Headline numbers", "Token preference"]
-    assert dom.index("Headline numbers") < dom.index("<img") < dom.index("<details>") < dom.index("<pre>")
+    assert dom.index("Headline numbers") < dom.index("<img") < dom.index('class="dataframe"') < dom.index("<pre>")
     assert "token_str" not in dom and "<td>None</td>" not in dom  # this model has no tokenizer: no empty column
-    shot = tmp_path / "report.png"
-    _chromium_offline(["--window-size=1280,2000", f"--screenshot={shot}", path.as_uri()])
-    assert shot.exists() and shot.stat().st_size > 10_000
+    assert "sink_rate_0" not in dom and "Sink_0 (% of sequences, α &gt; ε)" in dom  # columns in words
+
+
+@requires_chromium
+def test_trained_page_opens_with_the_anatomy_and_shows_the_sink_heads(tmp_path):
+    model = shared_tiny("llama")
+    report = lens_bias.analyze(model, n_sequences=8, seq_len=12, regime="trained", attribution=True, progress=False)
+    path = report.to_html(tmp_path / "trained.html")
+    dom = read_page(path)
+    headings = re.findall(r"<h2>([^<]*)</h2>", dom)
+    assert headings[:4] == ["Anatomy of the sink", "What removes the sink", "Attention of the strongest sink heads", "Other numbers"]
+    assert headings.count("Anatomy of the sink") == 1 and "Headline numbers" not in headings
+    heads = report.sink_heads
+    assert "attention of the strongest sink heads (unedited)" in dom and len(heads.views()) == len(heads.conditions)
+    assert path.stat().st_size < PAGE_BUDGET
 
 
 def test_sink_heatmap_has_integer_ticks(report):
