@@ -182,6 +182,7 @@ class SinkAttributionResult(Result):
     skipped: dict[str, str] = field(default_factory=dict)
 
     heading = "What removes the sink"
+    column_words = {"massive": "massive dims max |h_0| (over layers)"}
     headline_labels = {"cheapest_removal": "cheapest condition that removes the sink", "cheapest_removal_ppl_ratio": "its perplexity (× unedited)",
                        "necessary_links": "links whose edit removes or weakens the sink"}
     plot_caption = "Sink_0 (%) per condition and layer"

@@ -64,6 +64,9 @@ class SinkHeadsResult(Result):
             lines.append(f"  {condition}: " + ", ".join(f"{name} α_0 {alpha0[i, j]:.2f}" for j, name in enumerate(self.head_names)))
         return "\n".join(lines)
 
+    def page_summary(self) -> str:
+        return self.summary().splitlines()[0]  # the page's table has α_0 per head and condition
+
     def show(self, condition: int = 0) -> Any:
         """circuitsvis ``attention_heads`` of the heads under ``conditions[condition]`` (two decimals: a light page)."""
         from circuitsvis.attention import attention_heads

@@ -179,7 +179,7 @@ class BiasReport:
                     no_plot = str(err)
             summary = f'<div><div class="summary">{esc(result.page_summary())}</div></div>' if result.page_summary() else ""
             part = (f"<section><h2>{esc(result.heading or name)}</h2><div class=\"row\">{figure}{summary}</div>"
-                    + table_block(result.to_pandas(), key=result.key_column, rows=rows, name=name))
+                    + table_block(result.to_pandas(), key=result.key_column, rows=rows, name=name, names=result.column_words))
             if result.has_view:
                 part += "".join(view_slot(caption) for caption in result.views())
             parts.append(part + "</section>")

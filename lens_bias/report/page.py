@@ -12,7 +12,7 @@ import base64
 import gzip
 import html
 import re
-from typing import Any
+from typing import Any, Mapping
 
 import pandas as pd
 
@@ -71,7 +71,9 @@ def words(column: str) -> str:
 
 
 def fmt(value: Any) -> str:
-    """A number at 4 significant digits; anything else as text."""
+    """A number at 4 significant digits; anything else as text (a missing value as a blank)."""
+    if isinstance(value, float) and value != value:
+        return ""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return str(value)
     return f"{value:.4g}"
@@ -84,10 +86,19 @@ def csv_link(table: pd.DataFrame, name: str) -> str:
             f"full table as CSV ({len(table)} rows)</a>")
 
 
-def table_block(table: pd.DataFrame, *, key: str = "", rows: int = 8, name: str = "table") -> str:
+def _html(table: pd.DataFrame, names: Mapping[str, str]) -> str:
+    """The table as HTML: headers in words, numbers right-aligned, text left-aligned."""
+    numeric = [pd.api.types.is_numeric_dtype(table[c]) and not pd.api.types.is_bool_dtype(table[c]) for c in table.columns]
+    head = "".join(f'<th class="{"num" if n else "text"}">{html.escape(names.get(c) or words(c))}</th>' for c, n in zip(table.columns, numeric))
+    body = "".join("<tr>" + "".join(f'<td class="{"num" if n else "text"}">{html.escape(fmt(v))}</td>' for v, n in zip(row, numeric)) + "</tr>"
+                   for row in table.itertuples(index=False))
+    return f'<table class="dataframe"><tr>{head}</tr>{body}</table>'
+
+
+def table_block(table: pd.DataFrame, *, key: str = "", rows: int = 8, name: str = "table", names: Mapping[str, str] | None = None) -> str:
     """The rows of ``table`` that carry the finding (the ``rows`` largest ``key`` values, in table order; the first
-    ``rows`` without a key; all of them when only a few more), columns in words with the key beside the row names,
-    and the CSV link."""
+    ``rows`` without a key; all of them when only a few more), columns in words with the key beside the row names
+    (``names`` overrides :data:`WORDS` for this table), and the CSV link."""
     table = table.dropna(axis=1, how="all")  # no empty columns (e.g. token strings without a tokenizer)
     shown, note = table, ""
     if len(table) > rows + _FEW:
@@ -99,6 +110,5 @@ def table_block(table: pd.DataFrame, *, key: str = "", rows: int = 8, name: str 
             note = f"the first {rows} of {len(table)} rows. "
     first = [c for c in shown.columns if c in _NAMES]
     order = first + ([key] if key in shown.columns and key not in first else [])
-    shown = shown[order + [c for c in shown.columns if c not in order]].rename(columns=words)
-    body = shown.to_html(index=False, float_format=fmt, border=0)
+    body = _html(shown[order + [c for c in shown.columns if c not in order]], names or {})
     return f'{body}<p class="note">{html.escape(note)}{csv_link(table, f"{name}.csv")}</p>'

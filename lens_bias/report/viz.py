@@ -83,7 +83,7 @@ def view_slot(name: str) -> str:
 _STYLE = (
     "body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1240px;padding:0 1em;color:#222} "
     "h1{margin-bottom:.2em} .meta{color:#555;margin-top:0} table{border-collapse:collapse;font-size:13px} "
-    "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right} th{background:#f3f3f3} "
+    "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right} th{background:#f3f3f3} .text{text-align:left} "
     "td:first-child,th:first-child{text-align:left} table.headline td:nth-child(2){text-align:left} "
     ".row{display:flex;flex-wrap:wrap;gap:1.5em;align-items:flex-start} .row>figure{margin:0;flex:0 1 auto} "
     ".row img{max-width:100%} .row>div{flex:1 1 360px;min-width:0;overflow-x:auto} figcaption{font-size:13px;color:#555} "
