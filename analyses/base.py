@@ -32,8 +32,8 @@ class Result(Serialisable):
     """Base of every section's result: a dataclass with a table, headline numbers and a one-paragraph summary.
 
     Class attributes say how the report shows it: ``heading`` (its part of the page), ``headline_labels``
-    (headline key -> label of the numbers the page opens with), ``trained_headline`` (the keys among them that mean
-    something for a trained model; None: all), ``key_column`` (the page shows the rows with its largest values), ``column_words``,
+    (headline key -> label of the numbers the page opens with), ``trained_headline`` and ``init_headline`` (the keys
+    among them that mean something for a trained model, for a random init; None: all), ``key_column`` (the page shows the rows with its largest values), ``column_words``,
     ``plot_caption`` and ``view_caption``. A result
     with a figure overrides :meth:`plot`, one with a circuitsvis view overrides :meth:`show`. ``to_dict`` /
     ``from_dict`` write and read every field (tensors exactly).
@@ -42,6 +42,7 @@ class Result(Serialisable):
     heading: ClassVar[str] = ""
     headline_labels: ClassVar[Mapping[str, str]] = {}
     trained_headline: ClassVar[tuple[str, ...] | None] = None
+    init_headline: ClassVar[tuple[str, ...] | None] = None
     key_column: ClassVar[str] = ""
     column_words: ClassVar[Mapping[str, str]] = {}  # this table's columns in words, where the page's glossary says otherwise
     plot_caption: ClassVar[str] = ""

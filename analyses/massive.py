@@ -70,6 +70,7 @@ class MassiveActivationsResult(Result):
 
     heading = "Massive activations"
     trained_headline = ()  # a trained model's page states them in its anatomy
+    init_headline = ("max_over_median",)  # none is massive at init
     key_column = "value"
     headline_labels = {"onset_layer": "onset layer", "onset_dims": "massive dims at onset", "max_top1": "largest |h|", "max_over_median": "largest |h| / median"}
     plot_caption = "largest |h| and median |h| per block output"

@@ -117,6 +117,7 @@ class SuperNeuronsResult(Result):
 
     heading = "Super neurons"
     trained_headline = ()  # in the anatomy
+    init_headline = ("dominance_at_max", "resid_max_over_median")  # no massive dim at init: nothing to write into
     key_column = "massive_dim_value"
     headline_labels = {"top_unit_writes": "top super neuron's write into the massive dim", "massive_dim": "massive dim",
                        "dominance_at_max": "dimension disparity at the position", "resid_max_over_median": "residual max/median |h|"}

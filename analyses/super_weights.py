@@ -98,6 +98,7 @@ class SuperWeightsResult(Result):
 
     heading = "Super weights"
     trained_headline = ()  # in the anatomy
+    init_headline = ()  # an init has no spike that passes Yu et al.'s rule: a top candidate of nothing
     key_column = "share"
     headline_labels = {"layer": "top candidate: layer", "row": "row (residual dim)", "col": "col (MLP unit)", "share": "share of the output spike"}
     plot_caption = "down-projection input and output spikes per layer (Yu et al.)"

@@ -10,16 +10,16 @@ Writes into docs/assets/:
 * ``smollm2_attribution.png`` — Sink_0 per condition and layer (``report.sink_attribution.plot()``);
 * ``smollm2_positional_variance.png`` — log10 r_t per layer and position (``report.positional_variance.plot()``);
 * ``born_biased.png`` — sorted V·p̄ of a random-init ReLU GPT (``report.token_preference.plot()``);
-* ``report.png`` — the top of the offline report page of SmolLM2 (``report.to_html``), as headless Chromium
-  draws it with networking disabled: it opens with the anatomy.
+* ``report_smollm2.png`` and ``report_random_init.png`` — the tops of the report pages of SmolLM2 and of a random init,
+  as the browser tests in ``tests/report/test_viz.py`` and ``tests/experiments/test_real_model.py`` see them (headless
+  Chromium, networking disabled).
 """
 
 from __future__ import annotations
 
-import shutil
+import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import lens_bias
@@ -30,18 +30,6 @@ ASSETS = Path(__file__).resolve().parent / "assets"
 def save(fig, name: str) -> None:
     fig.savefig(ASSETS / name, dpi=110)
     print("wrote", ASSETS / name)
-
-
-def screenshot(page: Path, png: Path, width: int = 1280, height: int = 1700) -> None:
-    chromium = shutil.which("chromium")
-    if chromium is None:
-        print("no chromium: skipping", png.name, file=sys.stderr)
-        return
-    args = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--virtual-time-budget=8000",
-            "--proxy-server=http://127.0.0.1:9", "--proxy-bypass-list=<-loopback>",  # offline: no request leaves
-            f"--window-size={width},{height}", f"--screenshot={png}", page.as_uri()]
-    subprocess.run(args, check=True, capture_output=True, timeout=180)
-    print("wrote", png)
 
 
 def main() -> None:
@@ -61,11 +49,12 @@ def main() -> None:
     save(report.anatomy().plot(), "smollm2_chain.png")
     save(report.sink_attribution.plot(), "smollm2_attribution.png")
     save(report.positional_variance.plot(), "smollm2_positional_variance.png")
-    with tempfile.TemporaryDirectory() as tmp:
-        tokens = lens_bias.text_tokens(smol.tokenizer, 1, 24, seed=1)[0]
-        attention = lens_bias.viz.attention_view(smol, tokens, layers=[3], heads=[0, 1, 2])
-        page = report.to_html(Path(tmp) / "report.html", views={"attention, layer 3": attention})
-        screenshot(page, ASSETS / "report.png")
+    # the report pages as the browser tests see them: they write their screenshots here
+    tests = ["tests/report/test_viz.py::test_random_init_page_reads_in_the_browser",
+             "tests/experiments/test_real_model.py::test_a_trained_report_reads_as_one"]
+    subprocess.run([sys.executable, "-m", "pytest", "-q", *tests], check=True, cwd=ASSETS.parent.parent,
+                   env={**os.environ, "LENS_BIAS_SCREENSHOTS": str(ASSETS)})
+    print("wrote", ASSETS / "report_smollm2.png", ASSETS / "report_random_init.png")
 
 
 if __name__ == "__main__":

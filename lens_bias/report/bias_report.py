@@ -114,13 +114,15 @@ class BiasReport:
     def headline_table(self) -> list[tuple[str, str, str]]:
         """The report's headline numbers as (section, number, value) rows, each once and only where it applies: a
         trained model's page gives its sink's anatomy a block of its own (:meth:`anatomy`), so its rows here are
-        the other sections' numbers that mean something for a trained model (``Result.trained_headline``)."""
+        the other sections' numbers that mean something for a trained model (``Result.trained_headline``); a random
+        init's, those that mean something at init (``Result.init_headline``)."""
         rows = []
         trained = self.model.regime == "trained"
         for name, result in self.sections.items():
             numbers = result.headline()
+            applies = result.trained_headline if trained else result.init_headline
             for key, label in result.headline_labels.items():
-                if trained and result.trained_headline is not None and key not in result.trained_headline:
+                if applies is not None and key not in applies:
                     continue
                 value = numbers.get(key)
                 if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):  # names: all of them

@@ -127,7 +127,9 @@ def test_the_regime_orders_the_report_and_picks_its_laws(tmp_path):
     assert text.index("anatomy of the first-token sink") < text.index("attention sinks") < text.index("token preference")
     # the anatomy has its own block: the headline table holds the other numbers that apply to a trained model, once
     assert not {"Anatomy of the sink", "Massive activations", "Super weights", "Token preference"} & {row[0] for row in trained.headline_table()}
-    assert {row[0] for row in init.headline_table()} >= {"Token preference", "Massive activations", "Super weights"}
+    # and a random init's only what means something at init: no super-weight candidate below Yu et al.'s rule
+    assert {row[0] for row in init.headline_table()} >= {"Token preference", "Contraction", "Massive activations"}
+    assert "Super weights" not in {row[0] for row in init.headline_table()} and init.super_weights.input_max.max() < 50
     page = trained.to_html(tmp_path / "trained.html").read_text()
     # the page and the text name the model: a random init by its spec, which parse_model_spec reads back
     name = f"random init {model.lens_bias_spec.text}"
