@@ -180,6 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--labels", action="append", default=None, metavar="FILE",
                    help="CSV (model,base) or JSON {model: base}: the base each model descends from (repeatable, e.g. one labels.csv per 'lens-bias descendants --out')")
     g.add_argument("--align", choices=[m for m in seedprint.ALIGN_MODES if m], default=None, help="align each pair first (judged against an aligned seeds null)")
+    g.add_argument("--null-fingerprints", nargs="+", default=(), metavar="FP",
+                   help="with --align, the seeds null of saved fingerprints (files or folders): those of each model's width, less the pair tested")
     g.add_argument("--correction", choices=list(seedprint.families.CORRECTIONS), default="holm", help="multiple-testing correction")
     g.add_argument("--alpha", type=float, default=0.01, help="level of the adjusted verdicts")
     g.add_argument("--n", "--sequences", dest="n", type=int, default=256, help="random token sequences fingerprinted")
@@ -308,6 +310,7 @@ def _lineage(args: argparse.Namespace) -> str:
     result = seedprint.pairwise_lineage(
         models, labels=labels, align=args.align, correction=args.correction, alpha=args.alpha, n=args.n, seq_len=args.seq_len,
         vocab=args.vocab, m=args.m, ratio_k=args.ratio_k, cache=args.cache, progress=not args.no_progress,
+        null_fingerprints=[seedprint.Fingerprint.load(f) for f in seedprint.families.expand_models(args.null_fingerprints) if f.endswith(".pt")],
     )
     if args.out:
         out = Path(args.out)

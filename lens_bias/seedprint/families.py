@@ -205,6 +205,7 @@ def pairwise_lineage(
     align: str | None = None,
     null: Null | None = None,
     n_null: int = 10,
+    null_fingerprints: Sequence[Fingerprint] = (),
     correction: str = "holm",
     alpha: float = ALPHA,
     n: int = 256,
@@ -228,6 +229,9 @@ def pairwise_lineage(
             seeds null of ``n_null`` random inits of each base's configuration, aligned the same way.
         null: the null of every pair's test instead (default: the analytic null without alignment).
         n_null: fresh random inits per configuration of the aligned default null.
+        null_fingerprints: with an alignment, the null of a saved fingerprint (which has no model to re-initialise):
+            a seeds null of those of its width, less the two under test (e.g. the random inits ``lens-bias
+            descendants --out`` saves).
         correction: "holm" (family-wise error) or "bh" (false discovery rate).
         alpha: the level of the adjusted verdicts.
         n: random token sequences fingerprinted.
@@ -290,10 +294,17 @@ def pairwise_lineage(
     renamed = _renamed_prints(keys, prints, sketches, store, spec, load, seconds, names)
     nulls: dict[int, Null] = {}
 
-    def null_of(i: int) -> Null:  # the null base i is judged against, made when first needed
+    def null_of(i: int, j: int | None = None) -> Null:  # the null base i is judged against (in pair i, j), made when first needed
+        if null is not None or align is None:
+            return null if null is not None else AnalyticNull()
+        if isinstance(sources[i], Fingerprint):  # no model to re-initialise: the given fingerprints of its width
+            pool = [fp for fp in null_fingerprints if fp.d == prints[i].d and not any(torch.equal(fp.features, prints[k].features) for k in (i, j) if k is not None)]
+            if len(pool) < 2:
+                raise LensBiasError(f"an aligned test of the saved fingerprint {names[i]} needs a seeds null of its width ({prints[i].d}): "
+                                    "pass null_fingerprints= (lens-bias lineage --null-fingerprints), e.g. the random inits lens-bias descendants --out saved")
+            return SeedsNull(fingerprints=pool, label=f"{len(pool)} given fingerprints of width {prints[i].d}")
         if i not in nulls:
-            nulls[i] = null if null is not None else AnalyticNull() if align is None else _aligned_null(
-                store, keys[i], lambda: model_of(i), prints[i], n_null, spec)
+            nulls[i] = _aligned_null(store, keys[i], lambda: model_of(i), prints[i], n_null, spec)
         return nulls[i]
 
     size = len(sources)
@@ -303,7 +314,7 @@ def pairwise_lineage(
     if len(pairs) < size * (size - 1) // 2:
         logger.info("%d of %d pairs have different widths and are not tested", size * (size - 1) // 2 - len(pairs), size * (size - 1) // 2)
     for i, j in tqdm(pairs, desc="pairs", disable=not progress):
-        res = lineage_test(prints[i], renamed.get((i, j), prints[j]), m=m, ratio_k=ratio_k, null=null_of(i), alpha=alpha, align=align)
+        res = lineage_test(prints[i], renamed.get((i, j), prints[j]), m=m, ratio_k=ratio_k, null=null_of(i, j), alpha=alpha, align=align)
         tau[i, j] = tau[j, i] = res.tau_bar
         log10_p[i, j] = log10_p[j, i] = res.log10_p
     adjusted_flat = adjust_p([10 ** log10_p[i, j].item() for i, j in pairs], correction) if pairs else []
@@ -320,7 +331,7 @@ def pairwise_lineage(
             metrics = detection_metrics([-log10_p[i, j].item() for i, j in pairs], same)
     return LineageMatrix(
         names=names, tau_bar=tau, log10_p=log10_p, p_adjusted=adjusted, related=related, families=_families(names, related),
-        correction=correction, alpha=alpha, align=align, null=null_of(0).to_dict(), inputs={"kind": "tokens", **spec}, seconds=seconds,
+        correction=correction, alpha=alpha, align=align, null=null_of(*pairs[0]).to_dict() if pairs else AnalyticNull().to_dict(), inputs={"kind": "tokens", **spec}, seconds=seconds,
         labels=label_list, metrics=metrics, renamed=[(names[i], names[j]) for i, j in sorted(renamed)],
     )
 

@@ -269,6 +269,15 @@ def test_experiment_on_a_tiny_model(code_blocks, tmp_path):
     with_base = lineage[(lineage.a == "tiny-model--base.pt") | (lineage.b == "tiny-model--base.pt")]
     against_base = with_base.set_index(with_base.a.where(with_base.b == "tiny-model--base.pt", with_base.b)).tau_bar
     assert against_base[[f"tiny-model--{D._slug(t)}.pt" for t in models.target]].tolist() == pytest.approx(by_mode["None"].tau_bar.tolist(), abs=1e-6)
+    # aligned, saved fingerprints are judged against the saved random inits of their width, less the pair tested
+    inits = sorted(str(p) for p in (tmp_path / "prints").glob("*random-init*"))
+    picked = [str(tmp_path / "prints" / f"tiny-model--{D._slug(t)}.pt") for t in ("base", permuted)] + inits[:2]
+    assert main(["lineage", *picked, "--align", "permutation", "--null-fingerprints", *inits, "--ratio-k", str(config.ratio_k),
+                 "--out", str(tmp_path / "aligned"), "--no-progress"]) == 0
+    aligned = pd.read_csv(tmp_path / "aligned" / "pairs.csv").set_index(["a", "b"])
+    assert aligned.loc[(picked[0], picked[1]), "related"] and aligned.loc[(picked[0], picked[1]), "log10_p"] < -2
+    assert not aligned.loc[(picked[0], picked[2]), "related"] and not aligned.loc[(picked[2], picked[3]), "related"]
+    assert main(["lineage", *picked, "--align", "permutation", "--no-progress"]) == 2  # a saved fingerprint has no model to re-initialise
 
 
 @pytest.mark.slow  # a whole tiny experiment: the fast tier keeps test_experiment_on_a_tiny_model

@@ -5,6 +5,7 @@ a plain transformers computation with eager attention. One family is held at a t
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from lens_bias.models import SOURCES
 from lens_bias.models.huggingface import from_hf, load_hf
 
 from ..conftest import BACKEND, _real_model_or_skip
+from ..report.browser import PAGE_BUDGET, read_page, requires_chromium
 
 pytestmark = pytest.mark.real_model
 
@@ -98,3 +100,19 @@ def test_anatomy_equals_the_hidden_states_of_plain_transformers(family):
     assert writes.post_norm == (name == "gemma-3-270m")  # Gemma adds each sub-layer's output through a norm
     assert set(anatomy.to_dict()) >= {"sink_rate", "sink_layers", "massive_dims", "onset_layer", "super_neuron", "disparity", "largest_spike"}
     assert 0 <= anatomy.sink_rate <= 100 and anatomy.disparity > 0 and anatomy.super_neuron
+
+
+@requires_chromium
+def test_the_report_page_has_the_same_design_on_every_family(family, tmp_path):
+    """A family's page reads like SmolLM2's (tests/experiments/test_real_model.py): named, the anatomy first, the sink
+    heads' attention with the window's tokens, drawn without a console message, under 1 MB."""
+    name, model, hf, tokenizer = family
+    report = lens_bias.analyze(model, inputs=_tokens(tokenizer, bos=True), progress=False)
+    path = report.to_html(tmp_path / "page.html")
+    dom = read_page(path)
+    title = lens_bias.models.SHIPPED[name].title
+    assert f"<title>lens_bias report: {title}</title>" in path.read_text() and path.stat().st_size < PAGE_BUDGET
+    headings = re.findall(r"<h2>([^<]*)</h2>", dom)
+    assert headings[:3] == ["Anatomy of the sink", "Attention of the strongest sink heads", "Other numbers"]
+    assert report.sink_heads.tokens[:3] == [tokenizer.decode([i]) for i in _tokens(tokenizer, bos=True)[0, :3].tolist()]
+    assert "attention of the strongest sink heads (unedited)" in dom
