@@ -78,6 +78,7 @@ class LineageMatrix(Serialisable):
     labels: list[str] | None = None  # the base each model descends from, when known
     metrics: dict[str, float] | None = None  # LeaFBench's, over every pair, score −log10 p
     renamed: list[tuple[str, str]] = field(default_factory=list)  # (a, b): b's vocabulary is a's renamed, so b read a's tokens renamed
+    tested: Bool[Tensor, "m m"] | None = None  # pairs tested (models of different widths are not)
 
     def to_pandas(self) -> pd.DataFrame:
         """One row per pair: τ̄, log10 p, the adjusted p, the verdict and, with labels, whether they share a base."""
@@ -87,6 +88,7 @@ class LineageMatrix(Serialisable):
                 row = {"a": self.names[i], "b": self.names[j], "tau_bar": self.tau_bar[i, j].item(), "log10_p": self.log10_p[i, j].item(),
                        "p_adjusted": self.p_adjusted[i, j].item(), "related": bool(self.related[i, j])}
                 row["renamed_vocabulary"] = (self.names[i], self.names[j]) in self.renamed
+                row["tested"] = True if self.tested is None else bool(self.tested[i, j])
                 if self.labels is not None:
                     row["same_base"] = self.labels[i] == self.labels[j]
                 rows.append(row)
@@ -95,7 +97,7 @@ class LineageMatrix(Serialisable):
     def summary(self) -> str:
         test = f"aligned ({self.align}) " if self.align else ""
         lines = [f"lineage of {len(self.names)} models: {test}SeedPrint on {self.inputs.get('n')} × {self.inputs.get('seq_len')} {self.inputs.get('kind')}, "
-                 f"{self.null.get('label', self.null.get('kind'))} null; {len(self.names) * (len(self.names) - 1) // 2} pairs, "
+                 f"{self.null.get('label', self.null.get('kind'))} null; {self._pairs_summary()}, "
                  f"{'Holm' if self.correction == 'holm' else 'Benjamini–Hochberg'}-adjusted at α {self.alpha}",
                  f"  {len(self.families)} famil{'y' if len(self.families) == 1 else 'ies'}:"]
         lines += [f"    {', '.join(family)}" for family in self.families]
@@ -104,6 +106,11 @@ class LineageMatrix(Serialisable):
             lines.append(f"  against the labels: AUC {m['auc']:.4f}; at Youden's threshold accuracy {m['accuracy']:.4f}, TPR {m['tpr']:.4f}, "
                          f"FPR {m['fpr']:.4f}; TPR at 1% FPR {m['tpr_at_1pct_fpr']:.4f} ({m['positives']} related and {m['negatives']} unrelated pairs)")
         return "\n".join(lines)
+
+    def _pairs_summary(self) -> str:
+        total = len(self.names) * (len(self.names) - 1) // 2
+        tested = total if self.tested is None else int(self.tested.sum().item()) // 2
+        return f"{total} pairs" if tested == total else f"{tested} pairs tested ({total - tested} of different widths are not)"
 
     def plot(self) -> Any:
         """The pairwise −log10 p matrix (raw p, capped at 300), models ordered by family, each family outlined."""
@@ -302,7 +309,7 @@ def pairwise_lineage(
             if len(pool) < 2:
                 raise LensBiasError(f"an aligned test of the saved fingerprint {names[i]} needs a seeds null of its width ({prints[i].d}): "
                                     "pass null_fingerprints= (lens-bias lineage --null-fingerprints), e.g. the random inits lens-bias descendants --out saved")
-            return SeedsNull(fingerprints=pool, label=f"{len(pool)} given fingerprints of width {prints[i].d}")
+            return SeedsNull(fingerprints=pool, label="the given fingerprints of its width")
         if i not in nulls:
             nulls[i] = _aligned_null(store, keys[i], lambda: model_of(i), prints[i], n_null, spec)
         return nulls[i]
@@ -323,6 +330,9 @@ def pairwise_lineage(
         adjusted[i, j] = adjusted[j, i] = float(value)
     related = adjusted < alpha
     related.fill_diagonal_(False)
+    tested = torch.zeros(size, size, dtype=torch.bool)
+    for i, j in pairs:
+        tested[i, j] = tested[j, i] = True
     label_list = _labels(labels, names)
     metrics = None
     if label_list is not None:
@@ -331,9 +341,17 @@ def pairwise_lineage(
             metrics = detection_metrics([-log10_p[i, j].item() for i, j in pairs], same)
     return LineageMatrix(
         names=names, tau_bar=tau, log10_p=log10_p, p_adjusted=adjusted, related=related, families=_families(names, related),
-        correction=correction, alpha=alpha, align=align, null=null_of(*pairs[0]).to_dict() if pairs else AnalyticNull().to_dict(), inputs={"kind": "tokens", **spec}, seconds=seconds,
-        labels=label_list, metrics=metrics, renamed=[(names[i], names[j]) for i, j in sorted(renamed)],
+        correction=correction, alpha=alpha, align=align, null=null_of(*pairs[0]).to_dict() if pairs else AnalyticNull().to_dict(), inputs=_inputs_record(sources, prints, spec), seconds=seconds,
+        labels=label_list, metrics=metrics, renamed=[(names[i], names[j]) for i, j in sorted(renamed)], tested=tested,
     )
+
+
+def _inputs_record(sources: Sequence[Any], prints: Sequence[Fingerprint], spec: Mapping[str, Any]) -> dict[str, Any]:
+    """What the fingerprints were made from: the spec, or a saved fingerprint's own record when one was given."""
+    given = next((fp for x, fp in zip(sources, prints) if isinstance(x, Fingerprint)), None)
+    if given is None:
+        return {"kind": "tokens", **spec}
+    return {key: given.inputs.get(key) for key in ("kind", "n", "seq_len", "seed", "vocab")}
 
 
 def _fingerprint_file(source: str) -> Fingerprint | None:

@@ -165,6 +165,8 @@ def test_pairs_of_different_widths_are_not_tested():
     assert math.isnan(result.tau_bar[0, 2]) and result.p_adjusted[0, 2] == 1 and result.p_adjusted[1, 2] == 1
     assert result.p_adjusted[0, 1] == pytest.approx(10 ** result.log10_p[0, 1].item())  # one test: Holm leaves it as it is
     assert result.families == [["a", "a copy"], ["wider"]]
+    assert result.tested.tolist() == [[False, True, False], [True, False, False], [False, False, False]]
+    assert "1 pairs tested (2 of different widths are not)" in result.summary() and result.to_pandas().tested.tolist() == [True, False, False]
 
 
 def test_a_renamed_vocabulary_does_not_evade_lineage(tmp_path, monkeypatch):
