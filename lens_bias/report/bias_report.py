@@ -21,15 +21,15 @@ from torch import Tensor
 
 from lens_bias.analyses.ablation import AblationResult, ablate
 from lens_bias.analyses.base import SECTIONS, Result, run_analyses
-from lens_bias.analyses.sink_heads import N_HEADS, SinkHeadsResult, sink_heads
 from lens_bias.analyses.sink_attribution import SinkAttributionResult, sink_attribution
+from lens_bias.analyses.sink_heads import N_HEADS, SinkHeadsResult, sink_heads
 from lens_bias.core.adapter import REGIMES, ModelAdapter, ModelInfo
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.figures import figure_png
 from lens_bias.core.inputs import Inputs, InputSpec, RandomTokens, resolve_inputs
 from lens_bias.hooks.base import Intervention, edit_records
 from lens_bias.report.anatomy import SinkAnatomy, anatomy_of
-from lens_bias.report.page import CSV_SCRIPT, fmt, table_block
+from lens_bias.report.page import CSV_SCRIPT, fmt, summary_html, table_block
 from lens_bias.report.viz import save_html, view_slot
 
 __all__ = ["BiasReport", "analyze", "SECTIONS"]
@@ -179,7 +179,7 @@ class BiasReport:
                     figure = f"<figure>{figure_png(result.plot(), alt=esc(caption))}<figcaption>{esc(caption)}</figcaption></figure>"
                 except LensBiasError as err:  # no matplotlib: tables and views only
                     no_plot = str(err)
-            summary = f'<div><div class="summary">{esc(result.page_summary())}</div></div>' if result.page_summary() else ""
+            summary = f"<div>{summary_html(result.page_summary())}</div>" if result.page_summary() else ""
             part = (f"<section><h2>{esc(result.heading or name)}</h2><div class=\"row\">{figure}{summary}</div>"
                     + table_block(result.to_pandas(), key=result.key_column, rows=rows, name=name, names=result.column_words))
             if result.has_view:

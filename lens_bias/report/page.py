@@ -16,26 +16,27 @@ from typing import Any, Mapping
 
 import pandas as pd
 
-__all__ = ["WORDS", "words", "table_block", "csv_link", "fmt", "CSV_SCRIPT"]
+__all__ = ["WORDS", "words", "table_block", "summary_html", "csv_link", "fmt", "CSV_SCRIPT"]
 
 WORDS = {
     "layer": "layer", "head": "head", "rank": "rank", "position": "position", "dim": "dim", "sequence": "sequence", "token": "token ID",
     "token_str": "token", "condition": "condition", "link": "link of the chain", "verdict": "verdict", "edit": "what was done",
-    "first_token_share": "first-token share α_0", "alpha_0": "first-token share α_0",
-    "value": "|h| (mean over sequences)", "median": "median |h| of the block", "massive": "massive (> 100 and ≥ 1000× median)",
-    "weight": "weight", "weight_rank": "rank of |weight| in its matrix", "input_spike": "input spike max |x|", "output_spike": "output spike max |y|",
+    "first_token_share": "first-token share α_0", "alpha_0": "first-token share α_0", "value": "|h| (mean over sequences)",
+    "median": "median |h| of the block", "massive": "massive (> 100 and ≥ 1000× median)", "weight": "weight",
+    "weight_rank": "rank of |weight| in its matrix", "input_spike": "input spike max |x|", "output_spike": "output spike max |y|",
     "contribution": "|x · w| at the spike", "share": "share of the output spike", "row": "row (residual dim)", "col": "col (MLP unit)",
     "top_unit": "top unit", "top_unit_writes": "top unit's write into the massive dim", "massive_dim_value": "massive dim mean |h_0|",
     "dominance_at": "disparity max/mean |x_0|", "dominance_elsewhere": "disparity at other positions", "resid_top1": "largest |h|",
-    "resid_median": "median |h|", "resid_max_over_median": "largest / median |h| (×)", "mlp_in_max": "MLP input max |x|", "mlp_out_max": "MLP output max |y|",
-    "std_out": "std across sequences", "r_out": "r_t = std_t / std_0", "r_out_sqrt_t": "r_t · √(t+1)",
-    "p_bar": "mean probability p̄", "ratio_to_uniform": "V · p̄ (× uniform)", "mean_logit": "mean logit", "argmax_count": "inputs where it is the argmax",
-    "hook": "hook", "inter": "cos between sequences (inter)", "intra": "cos within a sequence (intra)", "energy_share": "energy along the seed direction",
-    "cos_to_seed": "cos to the seed direction", "component": "component", "shared_energy": "shared energy", "fluctuating_energy": "fluctuating energy",
-    "shared_fraction": "shared share of the energy", "seed_projection": "along the seed direction", "cumulative_cos_to_seed": "cumulative cos to the seed",
-    "cumulative_shared_norm": "cumulative shared norm", "mean": "mean final state", "softmax_mean": "softmax mean (T 10)", "softmax_std": "softmax spread",
-    "sink_0": "Sink_0 (%)", "diff_in_se": "change in Sink_0 (SE)", "disparity": "disparity max/mean |x_0| (max over layers)",
-    "perplexity": "perplexity", "ppl_ratio": "perplexity (× unedited)",
+    "resid_median": "median |h|", "resid_max_over_median": "largest / median |h| (×)", "mlp_in_max": "MLP input max |x|",
+    "mlp_out_max": "MLP output max |y|", "std_out": "std across sequences", "r_out": "r_t = std_t / std_0", "r_out_sqrt_t": "r_t · √(t+1)",
+    "p_bar": "mean probability p̄", "ratio_to_uniform": "V · p̄ (× uniform)", "mean_logit": "mean logit",
+    "argmax_count": "inputs where it is the argmax", "hook": "hook", "inter": "cos between sequences (inter)",
+    "intra": "cos within a sequence (intra)", "energy_share": "energy along the seed direction", "cos_to_seed": "cos to the seed direction",
+    "component": "component", "shared_energy": "shared energy", "fluctuating_energy": "fluctuating energy",
+    "shared_fraction": "shared share of the energy", "seed_projection": "along the seed direction",
+    "cumulative_cos_to_seed": "cumulative cos to the seed", "cumulative_shared_norm": "cumulative shared norm", "mean": "mean final state",
+    "softmax_mean": "softmax mean (T 10)", "softmax_std": "softmax spread", "sink_0": "Sink_0 (%)", "diff_in_se": "change in Sink_0 (SE)",
+    "disparity": "disparity max/mean |x_0| (max over layers)", "perplexity": "perplexity", "ppl_ratio": "perplexity (× unedited)",
 }
 """Column → words with units, for every section's table on the page; :func:`words` adds the numbered ones."""
 
@@ -77,6 +78,15 @@ def fmt(value: Any) -> str:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return str(value)
     return f"{value:.4g}"
+
+
+def summary_html(text: str) -> str:
+    """A section's summary as prose: its first line a paragraph, each indented line below it an item of a list."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    items = "".join(f"<li>{html.escape(line.strip())}</li>" for line in lines[1:])
+    return f'<div class="summary"><p>{html.escape(lines[0])}</p>' + (f"<ul>{items}</ul>" if items else "") + "</div>"
 
 
 def csv_link(table: pd.DataFrame, name: str) -> str:

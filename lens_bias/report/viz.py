@@ -87,7 +87,8 @@ _STYLE = (
     "td:first-child,th:first-child{text-align:left} table.headline td:nth-child(2){text-align:left} "
     ".row{display:flex;flex-wrap:wrap;gap:1.5em;align-items:flex-start} .row>figure{margin:0;flex:0 1 auto} "
     ".row img{max-width:100%} .row>div{flex:1 1 360px;min-width:0;overflow-x:auto} figcaption{font-size:13px;color:#555} "
-    ".summary{white-space:pre-wrap;font-size:13px;color:#333;margin-bottom:.6em} details{margin:.6em 0} "
+    ".summary{font-size:13px;color:#333;margin-bottom:.6em} .summary p{margin:0 0 .3em} .summary ul{margin:0;padding-left:1.2em} "
+    "details{margin:.6em 0} "
     "summary{cursor:pointer;color:#225} section{border-top:1px solid #ddd;margin-top:1.5em} "
     "table.dataframe{display:block;overflow-x:auto;max-width:100%;margin-top:.6em} .note{font-size:13px;color:#555}"
 )

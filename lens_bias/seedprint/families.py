@@ -305,7 +305,8 @@ def pairwise_lineage(
         if null is not None or align is None:
             return null if null is not None else AnalyticNull()
         if isinstance(sources[i], Fingerprint):  # no model to re-initialise: the given fingerprints of its width
-            pool = [fp for fp in null_fingerprints if fp.d == prints[i].d and not any(torch.equal(fp.features, prints[k].features) for k in (i, j) if k is not None)]
+            tested = [prints[k] for k in (i, j) if k is not None]
+            pool = [fp for fp in null_fingerprints if fp.d == prints[i].d and not any(torch.equal(fp.features, t.features) for t in tested)]
             if len(pool) < 2:
                 raise LensBiasError(f"an aligned test of the saved fingerprint {names[i]} needs a seeds null of its width ({prints[i].d}): "
                                     "pass null_fingerprints= (lens-bias lineage --null-fingerprints), e.g. the random inits lens-bias descendants --out saved")

@@ -11,8 +11,8 @@ import torch
 from scipy.stats import mannwhitneyu
 
 import lens_bias
-from lens_bias.cli import main
 from lens_bias import LensBiasError, seedprint
+from lens_bias.cli import main
 from lens_bias.core.corpora import Corpus, code
 from lens_bias.core.inputs import text_tokens
 from lens_bias.core.stats import auc

@@ -13,14 +13,14 @@ import pytest
 import torch
 
 import lens_bias
-from lens_bias.models import huggingface
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.inputs import text_tokens
 from lens_bias.experiments import real_model
+from lens_bias.models import huggingface
 from lens_bias.models.huggingface import from_hf, load_hf, shipped_gguf
 
-from ..report.browser import PAGE_BUDGET, read_page, requires_chromium
 from ..conftest import BACKEND, assert_same_state, requires_tl3, state_copy
+from ..report.browser import PAGE_BUDGET, read_page, requires_chromium
 
 
 def test_logits_equal_the_hugging_face_model(smollm2, smollm2_hf):

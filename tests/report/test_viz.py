@@ -148,3 +148,15 @@ def test_trained_page_opens_with_the_anatomy_and_shows_the_sink_heads(tmp_path):
 def test_sink_heatmap_has_integer_ticks(report):
     ax = report.sinks.plot(position=0).axes[0]
     assert list(ax.get_xticks()) == [0, 1, 2, 3] and list(ax.get_yticks()) == [0, 1]
+
+
+def test_a_random_inits_figures_say_something(report):
+    """No head of a random init passes ε: its sink heatmap shows the first token's mean share instead of a uniform
+    zero; its 2 layers are ticked 0 and 1, not 0, 0.5, 1."""
+    assert report.sinks.rate_by_head(0).max() == 0
+    ax = report.sinks.plot(position=0).axes[0]
+    assert "no head passes ε" in ax.get_title()
+    assert torch.allclose(torch.as_tensor(ax.images[0].get_array().data).float(), report.sinks.share(0).float())
+    for fig in (report.massive_activations.plot(), report.super_weights.plot()):
+        fig.canvas.draw()
+        assert [t for t in fig.axes[0].get_xticks() if 0 <= t <= 1] == [0, 1]
