@@ -48,7 +48,7 @@ from lens_bias.seedprint.align import ALIGN_MODES
 from lens_bias.seedprint.fingerprints import Fingerprint, fingerprint, regenerate_inputs
 from lens_bias.seedprint.lineage import ALPHA, lineage_test
 from lens_bias.seedprint.nulls import AnalyticNull, Null, SeedsNull
-from lens_bias.seedprint.vocabulary import SKETCH_DIMS, embedding_sketch, renamed_ids
+from lens_bias.seedprint.vocabulary import SKETCH_DIMS, embedding_sketch, is_renamed, renamed_ids
 
 __all__ = ["pairwise_lineage", "LineageMatrix", "expand_models", "CORRECTIONS"]
 
@@ -376,11 +376,9 @@ def _renamed_prints(
     made: dict[tuple[int, str], Fingerprint] = {}
     out: dict[tuple[int, int], Fingerprint] = {}
     for i, j in [(i, j) for i in range(len(prints)) for j in range(i + 1, len(prints))]:
-        if sketches[i] is None or sketches[j] is None or prints[i].d != prints[j].d:
+        if sketches[i] is None or sketches[j] is None or prints[i].d != prints[j].d or not is_renamed(sketches[i], sketches[j]):
             continue
         ids = renamed_ids(sketches[i], sketches[j], regenerate_inputs(prints[i])[0:prints[i].n])
-        if ids is None:
-            continue
         digest = hashlib.sha256(ids.numpy().tobytes()).hexdigest()[:16]
         if (j, digest) not in made:
             started = time.perf_counter()

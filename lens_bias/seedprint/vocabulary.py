@@ -34,7 +34,7 @@ from torch import Tensor
 
 from lens_bias.core.stats import unit
 
-__all__ = ["renamed_tokens", "renamed_ids", "embedding_sketch", "MATCH_COSINE", "SAME_TABLE", "SKETCH_DIMS"]
+__all__ = ["renamed_tokens", "renamed_ids", "is_renamed", "embedding_sketch", "MATCH_COSINE", "SAME_TABLE", "SKETCH_DIMS"]
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +85,22 @@ def embedding_sketch(model: Any) -> Float[Tensor, "d_vocab k"]:
     return unit(rows @ projection).half()
 
 
+def is_renamed(table_a: Float[Tensor, "v_a d"], table_b: Float[Tensor, "v_b d"], *, seed: int = 0) -> bool:
+    """Whether table ``b`` is table ``a`` with its rows in another order (:data:`SAME_TABLE` of sampled rows match
+    within :data:`MATCH_COSINE`, and fewer of them at their own ID); unit rows or :func:`embedding_sketch` es."""
+    if table_a.shape[1] != table_b.shape[1]:
+        return False
+    sample = torch.randperm(table_a.shape[0], generator=torch.Generator().manual_seed(seed))[:_SAMPLE]
+    cosine, where = _nearest(table_a[sample], table_b)
+    matched = (cosine >= MATCH_COSINE).float().mean().item()
+    in_place = (where == sample).float().mean().item()
+    if matched < SAME_TABLE or in_place >= SAME_TABLE:
+        return False
+    logger.info("the vocabulary is renamed (%.0f%% of sampled embedding rows match, %.0f%% at their own ID): token inputs follow the renaming",
+                100 * matched, 100 * in_place)
+    return True
+
+
 def renamed_ids(
     table_a: Float[Tensor, "v_a d"], table_b: Float[Tensor, "v_b d"], tokens: Int[Tensor, "n seq"], *, seed: int = 0
 ) -> Int[Tensor, "n seq"] | None:
@@ -94,22 +110,14 @@ def renamed_ids(
         table_a: unit embedding rows of the base (or its :func:`embedding_sketch`).
         table_b: the suspect's, alike.
         tokens: token IDs of ``a``.
-        seed: which rows are sampled to decide.
+        seed: which rows are sampled to decide (:func:`is_renamed`).
 
     Returns:
         Each token's nearest row of ``b`` by cosine, or None when the tables are not one table renamed (unrelated,
         of other widths, or already in the same order).
     """
-    if table_a.shape[1] != table_b.shape[1]:
+    if not is_renamed(table_a, table_b, seed=seed):
         return None
-    sample = torch.randperm(table_a.shape[0], generator=torch.Generator().manual_seed(seed))[:_SAMPLE]
-    cosine, where = _nearest(table_a[sample], table_b)
-    matched = (cosine >= MATCH_COSINE).float().mean().item()
-    in_place = (where == sample).float().mean().item()
-    if matched < SAME_TABLE or in_place >= SAME_TABLE:
-        return None
-    logger.info("the vocabulary is renamed (%.0f%% of sampled embedding rows match, %.0f%% at their own ID): token inputs follow the renaming",
-                100 * matched, 100 * in_place)
     unique, inverse = torch.unique(tokens, return_inverse=True)
     return _nearest(table_a[unique], table_b)[1][inverse].view_as(tokens)
 

@@ -262,6 +262,7 @@ def test_experiment_on_a_tiny_model(code_blocks, tmp_path):
     assert f"| {permuted} |" in result.markdown() and "tpr_at_1pct_fpr" in result.markdown()
     # the saved fingerprints are models for `lens-bias lineage`: every pair, the same τ̄ as the experiment's base tests
     labels = result.save_fingerprints(tmp_path / "prints", "tiny model")
+    assert len(pd.read_csv(labels)) == len(models) + 1 and pd.read_csv(labels).base.eq("tiny-model").sum() == 14
     assert main(["lineage", str(tmp_path / "prints"), "--labels", str(labels), "--ratio-k", str(config.ratio_k), "--out", str(tmp_path / "out"),
                  "--no-progress"]) == 0
     lineage = pd.read_csv(tmp_path / "out" / "pairs.csv").assign(a=lambda t: t.a.str.rsplit("/", n=1).str[-1], b=lambda t: t.b.str.rsplit("/", n=1).str[-1])

@@ -1,5 +1,5 @@
 """What a reader sees of a report page: the page opened in headless Chromium with networking disabled, its console,
-its drawn views, and a screenshot (copied to ``$LENS_BIAS_SCREENSHOTS`` when set: ``docs/make_figures.py``)."""
+its drawn views, and a screenshot where ``$LENS_BIAS_SCREENSHOTS`` names a folder (``docs/make_figures.py``)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ def chromium_offline(args: list[str]) -> subprocess.CompletedProcess:
 
 def read_page(path: Path, *, screenshot: str | None = None, height: int = 2400) -> str:
     """The page's DOM after its scripts ran, checked: nothing on the console (an uncaught error, a failed load, a
-    React warning all print there), every circuitsvis view drawn, every figure there; and a screenshot."""
+    React warning all print there), every circuitsvis view drawn, every figure there; and, where
+    ``$LENS_BIAS_SCREENSHOTS`` names a folder, a screenshot saved there as ``screenshot``."""
     done = chromium_offline(["--enable-logging=stderr", "--v=0", "--dump-dom", path.as_uri()])
     # the page's own console lines (Chromium's internal pages, chrome://, log their own)
     console = [line for line in done.stderr.splitlines() if ":CONSOLE" in line and f"source: {path.as_uri()}" in line]
@@ -37,10 +38,8 @@ def read_page(path: Path, *, screenshot: str | None = None, height: int = 2400) 
     for view in views:  # each view's container now holds elements React drew, not just an empty div
         assert re.search(rf'<div id="{view}"[^>]*><[a-z]', dom), f"view {view} was not drawn"
     assert dom.count("<img") == path.read_text().count("<img")
-    if screenshot is not None:
-        shot = path.with_suffix(".png")
+    if screenshot is not None and os.environ.get("LENS_BIAS_SCREENSHOTS"):
+        shot = Path(os.environ["LENS_BIAS_SCREENSHOTS"]) / screenshot
         chromium_offline([f"--window-size=1280,{height}", f"--screenshot={shot}", path.as_uri()])
         assert shot.exists() and shot.stat().st_size > 10_000
-        if os.environ.get("LENS_BIAS_SCREENSHOTS"):
-            shutil.copy(shot, Path(os.environ["LENS_BIAS_SCREENSHOTS"]) / screenshot)
     return dom
