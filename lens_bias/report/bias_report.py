@@ -166,15 +166,11 @@ class BiasReport:
         parts = [f'<p class="meta">{esc(m.architecture or m.family)}, d_model {m.d_model}, {m.n_layers} layers × {m.n_heads} heads, '
                  f"V {m.d_vocab} ({'trained' if trained else 'random init'}; TL {esc(str(m.tl_version))}, {esc(str(m.device))}/{esc(str(m.dtype))}); "
                  f"inputs: {esc(self.inputs.describe())}</p>", CSV_SCRIPT]
-        if not trained:
-            parts.append(f"<h2>Headline numbers</h2>{table}")
-        no_plot = None
-        for index, (name, result) in enumerate(shown):
-            if trained and headline and index == len(first) + (anatomy is not None):  # after the sink's own parts
-                parts.append(f"<section><h2>Other numbers</h2>{table}</section>")
+        blocks, no_plot = [], None
+        for name, result in shown:
             figure = ""
             if result.has_figure and no_plot is None:
-                caption = result.plot_caption or "the chain, link by link"
+                caption = result.plot_caption or result.heading or name
                 try:
                     figure = f"<figure>{figure_png(result.plot(), alt=esc(caption))}<figcaption>{esc(caption)}</figcaption></figure>"
                 except LensBiasError as err:  # no matplotlib: tables and views only
@@ -184,7 +180,12 @@ class BiasReport:
                     + table_block(result.to_pandas(), key=result.key_column, rows=rows, name=name, names=result.column_words))
             if result.has_view:
                 part += "".join(view_slot(caption) for caption in result.views())
-            parts.append(part + "</section>")
+            blocks.append(part + "</section>")
+        if not trained:
+            parts.append(f"<h2>Headline numbers</h2>{table}")
+        elif headline:  # after the sink's own parts
+            blocks.insert(len(first) + (anatomy is not None), f"<section><h2>Other numbers</h2>{table}</section>")
+        parts += blocks
         if no_plot is not None:
             parts.append(f"<p>{esc(no_plot)}</p>")
         parts.append(f"<section><details><summary>text summary</summary><pre>{esc(str(self))}</pre></details></section>")
