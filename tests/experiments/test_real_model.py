@@ -260,9 +260,9 @@ def test_cli_analyze_the_shipped_model_on_text(capsys):
     assert code == 0
     assert "report of a trained model: LlamaForCausalLM, d_model 576, 30 layers" in out and "4 held-out prose text sequences of length 16" in out
     assert "massive activations (>100 and ≥1000× median) in layers [" in out and "in layers none" not in out
-    # the anatomy comes first: super weight → massive dims → disparity → sink
+    # the anatomy comes first: massive dims → super weight → super neuron → disparity → sink
     anatomy = out[out.index("anatomy of the first-token sink"):out.index("attention sinks (")]
-    assert "layers[11].mlp.down_proj.weight[507, 1229]" in anatomy and "massive dims  [507" in anatomy and "from layer 11" in anatomy
+    assert "layers[11].mlp.down_proj.weight[507, 1229]" in anatomy and "massive dims  dims [507" in anatomy and "from layer 11" in anatomy
 
 
 def test_cli_fingerprint_a_hugging_face_folder(tmp_path, smollm2_hf, capsys):
