@@ -166,7 +166,7 @@ class BiasReport:
         parts = [f'<p class="meta">{esc(m.architecture or m.family)}, d_model {m.d_model}, {m.n_layers} layers × {m.n_heads} heads, '
                  f"V {m.d_vocab} ({'trained' if trained else 'random init'}; TL {esc(str(m.tl_version))}, {esc(str(m.device))}/{esc(str(m.dtype))}); "
                  f"inputs: {esc(self.inputs.describe())}</p>", CSV_SCRIPT]
-        blocks, no_plot = [], None
+        blocks, no_plot, drawn = [], None, {}
         for name, result in shown:
             figure = ""
             if result.has_figure and no_plot is None:
@@ -178,8 +178,10 @@ class BiasReport:
             summary = f"<div>{summary_html(result.page_summary())}</div>" if result.page_summary() else ""
             part = (f"<section><h2>{esc(result.heading or name)}</h2><div class=\"row\">{figure}{summary}</div>"
                     + table_block(result.to_pandas(), key=result.key_column, rows=rows, name=name, names=result.column_words))
-            if result.has_view:
-                part += "".join(view_slot(caption) for caption in result.views())
+            if result.has_view:  # each view made once: its slot here, drawn by save_html
+                made = result.views()
+                drawn.update(made)
+                part += "".join(view_slot(caption) for caption in made)
             blocks.append(part + "</section>")
         if not trained:
             parts.append(f"<h2>Headline numbers</h2>{table}")
@@ -190,7 +192,7 @@ class BiasReport:
             parts.append(f"<p>{esc(no_plot)}</p>")
         parts.append(f"<section><details><summary>text summary</summary><pre>{esc(str(self))}</pre></details></section>")
         title = f"lens_bias report: {m.name}" if m.name else "lens_bias report"
-        return save_html({**self.views(), **(views or {})}, path, title=title, body="\n".join(parts))
+        return save_html({**drawn, **(views or {})}, path, title=title, body="\n".join(parts))
 
     def __str__(self) -> str:
         m, i = self.model, self.inputs

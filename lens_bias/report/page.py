@@ -8,13 +8,13 @@ order, and puts it right after the columns that name a row.
 
 from __future__ import annotations
 
-import base64
-import gzip
 import html
 import re
 from typing import Any, Mapping
 
 import pandas as pd
+
+from lens_bias.report.viz import gzip_base64
 
 __all__ = ["WORDS", "words", "table_block", "summary_html", "csv_link", "fmt", "CSV_SCRIPT"]
 
@@ -91,7 +91,7 @@ def summary_html(text: str) -> str:
 
 def csv_link(table: pd.DataFrame, name: str) -> str:
     """A link that downloads ``table`` (every row, its code column names) as ``name``."""
-    packed = base64.b64encode(gzip.compress(table.to_csv(index=False, float_format="%.6g").encode(), compresslevel=9, mtime=0)).decode()
+    packed = gzip_base64(table.to_csv(index=False, float_format="%.6g"))
     return (f'<a class="csv" href="#" data-name="{html.escape(name)}" data-csv="{packed}" onclick="lensBiasCsv(this); return false">'
             f"full table as CSV ({len(table)} rows)</a>")
 

@@ -26,7 +26,7 @@ from lens_bias.analyses.sinks import key_importance
 from lens_bias.core.adapter import ModelAdapter, Probe
 from lens_bias.core.errors import LensBiasError
 
-__all__ = ["attention_view", "save_html", "page_html", "view_slot"]
+__all__ = ["attention_view", "save_html", "page_html", "view_slot", "gzip_base64"]
 
 _BUNDLE = re.compile(r'<div id="(?P<id>[^"]+)"[^>]*/>\s*<script crossorigin type="module">(?P<bundle>.*?)CircuitsVis\.render\((?P<call>.*)\)\s*</script>\s*$', re.S)
 
@@ -120,10 +120,15 @@ def page_html(views: Union[Mapping[str, Any], Sequence[Any]] = (), *, title: str
     )
 
 
+def gzip_base64(text: str) -> str:
+    """``text`` gzipped and in base64: what a page unpacks with the browser's ``DecompressionStream("gzip")``."""
+    return base64.b64encode(gzip.compress(text.encode("utf-8"), compresslevel=9, mtime=0)).decode()
+
+
 def _unpack_and_render(bundle: str, calls: Sequence[str]) -> str:
     """The script that unpacks the gzipped bundle, runs it as a classic script (which defines ``CircuitsVis``
     globally, as an inlined bundle would) and draws every view."""
-    packed = base64.b64encode(gzip.compress(bundle.encode("utf-8"), compresslevel=9, mtime=0)).decode()
+    packed = gzip_base64(bundle)
     return (
         "<script>\n(async () => {\n"
         f'  const packed = Uint8Array.from(atob("{packed}"), c => c.charCodeAt(0));\n'
