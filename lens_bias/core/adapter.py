@@ -23,7 +23,7 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from lens_bias.core import memory, offload, tl
+from lens_bias.core import attention_layout, memory, offload, tl
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.inputs import Inputs, RandomEmbeddings, RandomTokens, check_context
 from lens_bias.core.serialise import Serialisable
@@ -207,6 +207,8 @@ class ModelInfo(Serialisable):
     # What the model is called: the recorded name (GGUF general.name, HF name_or_path), a random init's spec, or
     # TL's cfg.model_name.
     name: str | None = None
+    # Whether the attention declares a learned sink: a softmax logit per head that no key owns (GPT-OSS).
+    learned_sinks: bool = False
 
 
 class _StopForward(Exception):
@@ -450,6 +452,7 @@ class ModelAdapter:
             regime=getattr(model, REGIME_ATTRIBUTE, None) or "trained",
             n_experts=_experts(model, cfg),
             name=_name(model, cfg),
+            learned_sinks=attention_layout.declares_learned_sinks(model),
         )
 
     # ---- hook names ---------------------------------------------------------------------------------------
@@ -461,6 +464,12 @@ class ModelAdapter:
     @property
     def dtype(self) -> torch.dtype:
         return next(self.model.parameters()).dtype
+
+    @property
+    def windows(self) -> tuple[int | None, ...]:
+        """Each layer's sliding window, None where the layer sees every earlier key (read from the model's config by
+        :func:`~lens_bias.core.attention_layout.layer_windows`, which refuses layer types it cannot read)."""
+        return attention_layout.layer_windows(self.model, self.info.n_layers)
 
     def has_hook(self, name: str) -> bool:
         return name in self.model.hook_dict

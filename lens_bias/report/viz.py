@@ -64,10 +64,11 @@ def attention_view(
     heads = list(range(adapter.info.n_heads)) if heads is None else list(heads)
     probes = [Probe(f"blocks.{layer}.attn.hook_pattern", "pattern", lambda x: x) for layer in layers]
     kept = adapter.collect(tokens, probes, progress=False)
+    windows = adapter.windows
     patterns, names = [], []
     for layer, probe in zip(layers, probes):
         pattern = kept[probe.key][0]  # [head, q, k]
-        alpha0 = key_importance(pattern)[:, 0]
+        alpha0 = key_importance(pattern, windows[layer])[:, 0]
         for head in heads:
             patterns.append(pattern[head])
             names.append(f"L{layer}H{head} α0={alpha0[head]:.2f}")
