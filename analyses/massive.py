@@ -133,6 +133,15 @@ class MassiveActivationsResult(Result):
             frame = frame[frame.position.isin(list(positions))]
         return [int(d) for d in frame.groupby("dim").max_value.max().sort_values(ascending=False).index]
 
+    def largest_at_first(self) -> tuple[int, int, float]:
+        """(layer, dim, mean |h_0|) of the largest first-token activation kept: per layer, the mean over sequences of
+        the largest |h| at position 0 among each sequence's top values (0 where position 0 is not among them)."""
+        at_first = torch.where(self.top_positions == 0, self.top_values, torch.zeros_like(self.top_values))  # [layer, n, top]
+        by_layer = at_first.amax(dim=2).mean(dim=1)
+        layer = int(by_layer.argmax())
+        dim = int(self.top_dims[layer].flatten()[int(at_first[layer].flatten().argmax())])
+        return layer, dim, by_layer[layer].item()
+
     def _check_layer(self, layer: int) -> int:
         if not 0 <= layer < self.n_layers:
             raise LensBiasError(f"layer {layer} does not exist; the result has layers 0..{self.n_layers - 1}")

@@ -20,6 +20,12 @@ measured ones (the super-weight candidates, the massive dimensions and their mea
 | massive dims at the later positions' mean | ``SetActivations`` after every block: position 0's massive dims set to this model's mean over positions ≥ 1 (not Sun et al.'s mean ablation, which keeps their mean at the massive token) | massive dim → sink |
 | position 0 at the later positions' mean state | ``SetActivations`` after every block: position 0's whole state set to the mean state of positions ≥ 1 | parity: no first-token privilege left |
 | MaskToSelf(k), AmplifyVariance(k, λ) | a later token made to look like the first | what moves the sink |
+| learned sinks removed (a model that declares them, GPT-OSS) | ``RemoveLearnedSinks``: every head's sink logit at −∞ | learned sink → attention |
+
+On a mixture of experts the three weight conditions are left out (their super weights are per expert:
+``super_experts``), and the massive dims are read from the block outputs alone. Where the model declares a learned
+sink, every condition also reports its share, and where the attention it frees goes: to key 0, to one later key,
+or spread over the keys.
 
 The means are constants per layer estimated on the calibration sequences, so no information flows from later
 tokens of a measured sequence into its position 0. Every condition's edits are recorded as ``to_dict()``; pass
@@ -48,7 +54,17 @@ from lens_bias.core.adapter import ModelAdapter, Probe
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.figures import integer_ticks, new_figure
 from lens_bias.core.inputs import InputSpec, check_later_position
-from lens_bias.hooks import AmplifyVariance, Compose, Intervention, MaskToSelf, RemoveWeight, RemoveWeights, SetActivations, ZeroOutputDims
+from lens_bias.hooks import (
+    AmplifyVariance,
+    Compose,
+    Intervention,
+    MaskToSelf,
+    RemoveLearnedSinks,
+    RemoveWeight,
+    RemoveWeights,
+    SetActivations,
+    ZeroOutputDims,
+)
 from lens_bias.hooks.base import edit_hooks, edit_records, refusal
 
 __all__ = ["Condition", "anatomy_conditions", "sink_attribution", "SinkAttributionResult", "VERDICTS"]
@@ -61,6 +77,9 @@ VERDICTS = ("removes the sink", "weakens it", "no effect", "strengthens it")
 # beyond 3 SE *and* of at least 5 points of Sink_0 (significance alone calls 70.6% → 69.8% a weakening on 32 sequences).
 _REMOVED, _SE, _POINTS = 0.1, 3.0, 5.0
 _MOVES = "a later token made first-like"  # the link of the conditions that move the sink: they test no necessity
+_LEARNED = "learned sink → attention"
+# Where freed attention goes: one destination when it takes at least this share of what the learned sink gave up.
+_DESTINATION = 0.5
 
 
 @dataclass(frozen=True)
@@ -120,39 +139,51 @@ def anatomy_conditions(
         raise LensBiasError("sink_attribution's default conditions edit MLP down-projections; this model is attention-only: pass conditions=")
     if position >= calibration.shape[1]:
         raise LensBiasError(f"position {position} lies outside sequences of {calibration.shape[1]} tokens; pass position < {calibration.shape[1]}")
-    found = measure(model, calibration, [SuperWeights(top=n_candidates), MassiveActivations(), SuperNeurons()], batch_size=batch_size,
-                    progress=progress)
-    weights, massive, neurons = found["super_weights"], found["massive_activations"], found["super_neurons"]
+    dense = info.n_experts is None  # a mixture of experts has its super weights per expert, not one per layer
+    sections = [MassiveActivations(), *([SuperWeights(top=n_candidates), SuperNeurons()] if dense else [])]
+    found = measure(model, calibration, sections, batch_size=batch_size, progress=progress)
+    massive = found["massive_activations"]
     onset = massive.onset_layer()  # type: ignore[attr-defined]
     dims = massive.dims(onset, positions=(0,)) if onset is not None else []  # type: ignore[attr-defined]
-    dims = dims or [neurons.massive_dim]  # type: ignore[attr-defined]  # no massive activation by Sun's rule: the largest dim
+    # no massive activation by Sun's rule: the largest dim
+    dims = dims or [found["super_neurons"].massive_dim if dense else massive.largest_at_first()[1]]  # type: ignore[attr-defined]
     means = _mean_states(model, calibration, batch_size, progress)
-    layer, row, col = weights.coordinates()[0]  # type: ignore[attr-defined]
-    d_model, d_mlp = info.d_model, int(info.d_mlp)
-    generator = torch.Generator().manual_seed(seed)
-    picks = torch.randperm(d_model * d_mlp, generator=generator)
-    picks = picks[picks != col * d_model + row][:n_random]
-    matrix = f"layers[{layer}].mlp.down_proj.weight"
     conditions = [Condition("unedited", "the model as it is", "")]
-    for l, r, c in weights.coordinates()[:n_candidates]:  # type: ignore[attr-defined]
-        conditions.append(Condition(f"super weight L{l}[{r}, {c}] removed", f"layers[{l}].mlp.down_proj.weight[{r}, {c}] = 0",
-                                    "super weight → massive dim", (RemoveWeight(layer=l, row=r, col=c),)))
+    if dense:
+        conditions += _weight_conditions(found["super_weights"], info.d_model, int(info.d_mlp), n_candidates, n_random, seed)
     conditions += [
-        Condition(f"down_proj row {row} of layer {layer} removed", f"{matrix}[{row}, :] = 0: nothing that MLP writes reaches dim {row}",
-                  "super neurons → massive dim", (ZeroOutputDims(layer=layer, dims=(row,)),)),
-        Condition(f"{len(picks)} random weights removed", f"{len(picks)} random weights of {matrix} = 0 (seed {seed})", "control",
-                  (RemoveWeights(weights=tuple((layer, int(i) % d_model, int(i) // d_model) for i in picks)),)),
         Condition(f"massive dims {dims} at the later positions' mean",
                   f"position 0's dims {dims} set after every block to this model's mean over positions ≥ 1 (calibration sequences): close to "
                   "zeroing them, unlike Sun et al.'s mean ablation, which keeps their own mean at the massive token",
                   "massive dim → sink", (_at_every_block(info.n_layers, dims, means),)),
         Condition("position 0 at the later positions' mean state",
                   "position 0's whole state set after every block to this model's mean state over positions ≥ 1 (calibration sequences): "
-                  "first-token parity, which tests no single link", "first-token privilege → sink", (_at_every_block(info.n_layers, range(d_model), means),)),
+                  "first-token parity, which tests no single link", "first-token privilege → sink", (_at_every_block(info.n_layers, range(info.d_model), means),)),
         Condition(f"MaskToSelf({position})", f"token {position} attends only to itself in every layer", _MOVES,
                   (MaskToSelf(position=position),)),
         Condition(f"AmplifyVariance({position}, {factor:g})", f"token {position}'s attention output spread {factor:g}× around its batch mean",
                   _MOVES, (AmplifyVariance(position=position, factor=factor),)),
+    ]
+    if info.learned_sinks:
+        conditions.append(Condition("learned sinks removed", "every head's learned sink logit at −∞: attention over the keys alone", _LEARNED,
+                                    (RemoveLearnedSinks(),)))
+    return conditions
+
+
+def _weight_conditions(weights: Any, d_model: int, d_mlp: int, n_candidates: int, n_random: int, seed: int) -> list[Condition]:
+    """The super-weight candidates removed one at a time, the top candidate's down_proj row, and the random control."""
+    layer, row, col = weights.coordinates()[0]
+    generator = torch.Generator().manual_seed(seed)
+    picks = torch.randperm(d_model * d_mlp, generator=generator)
+    picks = picks[picks != col * d_model + row][:n_random]
+    matrix = f"layers[{layer}].mlp.down_proj.weight"
+    conditions = [Condition(f"super weight L{l}[{r}, {c}] removed", f"layers[{l}].mlp.down_proj.weight[{r}, {c}] = 0",
+                            "super weight → massive dim", (RemoveWeight(layer=l, row=r, col=c),)) for l, r, c in weights.coordinates()[:n_candidates]]
+    conditions += [
+        Condition(f"down_proj row {row} of layer {layer} removed", f"{matrix}[{row}, :] = 0: nothing that MLP writes reaches dim {row}",
+                  "super neurons → massive dim", (ZeroOutputDims(layer=layer, dims=(row,)),)),
+        Condition(f"{len(picks)} random weights removed", f"{len(picks)} random weights of {matrix} = 0 (seed {seed})", "control",
+                  (RemoveWeights(weights=tuple((layer, int(i) % d_model, int(i) // d_model) for i in picks)),)),
     ]
     return conditions
 
@@ -180,9 +211,14 @@ class SinkAttributionResult(Result):
     seq_len: int
     # default conditions left out because their edits cannot act on this model -> why, in one line
     skipped: dict[str, str] = field(default_factory=dict)
+    # Where the model declares a learned sink: its mean share per condition and layer; and, for every model, the
+    # mean attention mass each key receives (over layers, heads and queries), which says where freed attention went.
+    learned_share: Float[Tensor, "condition layer"] | None = None
+    key_mass: Float[Tensor, "condition key"] | None = None
 
     heading = "What removes the sink"
-    column_words = {"massive": "massive dims max |h_0| (over layers)"}
+    column_words = {"massive": "massive dims max |h_0| (over layers)", "learned_sink": "learned-sink share α_learned",
+                    "freed_attention": "where the learned sink's attention went"}
     headline_labels = {"cheapest_removal": "cheapest condition that removes the sink", "cheapest_removal_ppl_ratio": "its perplexity (× unedited)",
                        "necessary_links": "links whose edit removes or weakens the sink"}
     plot_caption = "Sink_0 (%) per condition and layer"
@@ -222,7 +258,30 @@ class SinkAttributionResult(Result):
             "disparity": self.disparity.max(dim=1).values.tolist(), f"sink_{self.position}": later.tolist(),
             f"sink_{self.position}_diff_in_se": [0.0 if s == 0 else (d / s).item() for d, s in zip(later_diff, later_se)],
             "perplexity": self.perplexity, "ppl_ratio": [p / self.perplexity[0] for p in self.perplexity], "edit": self.descriptions,
+            **({"learned_sink": self.learned_share.mean(dim=1).tolist(), "freed_attention": self.destinations()} if self.learned_share is not None else {}),
         })
+
+    def destinations(self) -> list[str]:
+        """Per condition, where the attention the learned sink gave up (against the unedited model) went: to key 0,
+        to one later key (each when it took at least half), or spread over the keys; "" where none was freed."""
+        if self.learned_share is None or self.key_mass is None:
+            return [""] * len(self.conditions)
+        learned = self.learned_share.mean(dim=1)
+        out = []
+        for i in range(len(self.conditions)):
+            freed = (learned[0] - learned[i]).item()
+            if freed < 0.01:
+                out.append("")
+                continue
+            gain = (self.key_mass[i] - self.key_mass[0]) / freed
+            later = int(gain[1:].argmax()) + 1 if len(gain) > 1 else 0
+            if gain[0] >= _DESTINATION:
+                out.append(f"to key 0 ({gain[0]:.0%} of the {freed:.2f} freed)")
+            elif later and gain[later] >= _DESTINATION:
+                out.append(f"to key {later} ({gain[later]:.0%} of the {freed:.2f} freed)")
+            else:
+                out.append(f"spread over the keys (key 0 {gain[0]:.0%}, at most {gain[1:].max():.0%} to any later key, of the {freed:.2f} freed)")
+        return out
 
     def chain(self) -> pd.DataFrame:
         """One row per link of the chain: the condition that tests it, its verdict, Sink_0 before → after, the cost."""
@@ -253,8 +312,10 @@ class SinkAttributionResult(Result):
                  f"removed = at most {_REMOVED:.0%} of the unedited Sink_0):"]
         for row in table.itertuples():
             verdict = f" → {row.verdict}" if row.verdict else ""
+            learned = f", learned sink {row.learned_sink:.3f}" if self.learned_share is not None else ""
+            freed = f", freed attention {row.freed_attention}" if getattr(row, "freed_attention", "") else ""
             lines.append(f"  {row.condition:<44} Sink_0 {row.sink_0:5.1f}%{verdict}; massive |h_0| {row.massive:.4g}, disparity {row.disparity:.3g}, "
-                         f"Sink_{k} {getattr(row, f'sink_{k}'):.1f}%, perplexity {row.perplexity:.4g} (×{row.ppl_ratio:.3g})")
+                         f"Sink_{k} {getattr(row, f'sink_{k}'):.1f}%{learned}, perplexity {row.perplexity:.4g} (×{row.ppl_ratio:.3g}){freed}")
         h = self.headline()
         if h["cheapest_removal"] is not None:
             lines.append(f"  the sink goes with: {', '.join(h['removed_by'])}; cheapest: {h['cheapest_removal']} (perplexity ×{h['cheapest_removal_ppl_ratio']:.3g})")
@@ -371,6 +432,8 @@ def sink_attribution(
             "per_sequence": (alpha[..., 0] > eps).float().mean(dim=(1, 2)) * 100,
             "later": (alpha[..., position] > eps).float().mean(dim=(1, 2)) * 100,
             "alpha0": result.share(0).mean(dim=1),
+            "key_mass": result.mass().mean(dim=(0, 1)),
+            "learned": result.learned_share().mean(dim=1) if result.declares_sink else None,
             "massive": torch.stack([kept[extra["massive", layer].key].mean() for layer in range(n_layers)]),
             "disparity": torch.stack([kept[extra["disparity", layer].key].mean() for layer in range(n_layers)]),
             "perplexity": perplexity(model, tokens, interventions=condition.interventions, batch_size=batch_size),
@@ -385,6 +448,7 @@ def sink_attribution(
         sink_rate=stack("rate"), sink_rate_head=stack("rate_head"), sink_per_sequence=stack("per_sequence"), later_per_sequence=stack("later"),
         alpha0=stack("alpha0"), massive_value=stack("massive"), disparity=stack("disparity"), perplexity=[row["perplexity"] for row in per_condition],
         massive_dims=dims, position=position, eps=eps, n=int(tokens.shape[0]), seq_len=int(tokens.shape[1]), skipped=skipped,
+        learned_share=stack("learned") if adapter.info.learned_sinks else None, key_mass=stack("key_mass"),
     )
 
 
@@ -396,5 +460,7 @@ def _massive_dims(conditions: Sequence[Condition], model: Any, calibration: Tens
             dims = list(dict.fromkeys(d for part in parts if isinstance(part, SetActivations) and part.positions == (0,) for d in part.dims))
             if 0 < len(dims) < ModelAdapter(model).info.d_model:
                 return dims  # in the order the condition set them: the largest massive dim first
+    if ModelAdapter(model).info.n_experts is not None:  # no single MLP per layer to rank
+        return [measure(model, calibration, [MassiveActivations()], batch_size=batch_size)["massive_activations"].largest_at_first()[1]]  # type: ignore[attr-defined]
     found = measure(model, calibration, [SuperNeurons()], batch_size=batch_size, progress=progress)["super_neurons"]
     return [found.massive_dim]  # type: ignore[attr-defined]

@@ -18,12 +18,14 @@ import torch
 
 from lens_bias.analyses.base import Result
 from lens_bias.analyses.super_weights import SPIKE
+from lens_bias.core.attention_layout import describe_windows
 from lens_bias.core.figures import new_figure
 
 __all__ = ["SinkAnatomy", "anatomy_of", "SINK_LAYER_RATE", "EARLY_RATIO"]
 
 # A layer sinks when at least this share of its (sequence, head) pairs put more than ε of their attention on token 0.
 SINK_LAYER_RATE = 50.0
+_PER_EXPERT = "per expert on a mixture of experts: see super_experts"
 # Before its onset a massive dim can already stand out: an early rise is a pre-onset value at least this many times
 # its block's median |h| (Sun et al.'s massive needs 1000×); it is dated where the dim first reaches half that peak.
 EARLY_RATIO = 100.0
@@ -56,6 +58,18 @@ class SinkAnatomy(Result):
     rise_layer: int | None = None  # the massive dim's early rise before its onset (EARLY_RATIO), where there is one
     rise_value: float | None = None  # its mean |h_0| there
     rise_ratio: float | None = None  # that over the block's median |h|
+    # The learned sink, where the model declares one (GPT-OSS): its share of every row's attention and its rate;
+    # beside it key 0's share of every row (its α_0 averaged over all queries, so the two compare)
+    learned_sink_share: float | None = None
+    learned_sink_rate: float | None = None
+    first_token_mass: float | None = None
+    windows: list[int | None] = field(default_factory=list)  # each layer's sliding window (None: full attention)
+    per_expert: bool = False  # a mixture of experts: super weights and neurons are per expert (super_experts), not here
+
+    @property
+    def learned_sink_leads(self) -> bool:
+        """Whether the model's sink is the one it declares: the learned sink takes more attention than key 0."""
+        return self.learned_sink_share is not None and self.learned_sink_share > (self.first_token_mass or 0.0)
 
     def to_pandas(self) -> pd.DataFrame:
         """One row per link, in the order the chain runs: massive dims (with onset), super weight (with its spike
@@ -69,19 +83,29 @@ class SinkAnatomy(Result):
             sinks += f"; from layer {self.sink_layers[0]}, before the onset at {self.onset_layer}"
             if self.rise_layer is not None:
                 sinks += f": dim {dim} already rises at layer {self.rise_layer} (|h_0| {self.rise_value:.3g}, {self.rise_ratio:.0f}× the median)"
+        sink_where = f"Sink_0 {self.sink_rate:.1f}% at ε {self.eps}"
+        if self.learned_sink_leads:
+            sink_where = (f"the learned sink (a softmax logit no key owns): {self.learned_sink_share:.0%} of every row's attention, "
+                          f"key 0 {self.first_token_mass:.0%}; its rate {self.learned_sink_rate:.1f}%, Sink_0 {self.sink_rate:.1f}% at ε {self.eps}")
+        elif self.learned_sink_share is not None:
+            sinks += f"; the declared learned sink takes {self.learned_sink_share:.0%} of every row, less than key 0's {self.first_token_mass:.0%}"
+        sliding = describe_windows(self.windows)
+        if sliding:
+            sinks += f"; {sliding}: their Sink_0 counts the queries that see key 0"
         rows = [
             ("massive dims", f"dims {self.massive_dims} at position 0, from layer {self.onset_layer}" if massive else "none found by Sun et al.'s rule",
              f"|h_0| {self.massive_value:.4g} vs median {self.massive_median:.3g} ({self.massive_value / self.massive_median:.3g}×)" if massive
              else f"largest |h_0| {self.massive_value:.4g} (dim {dim}) vs median {self.massive_median:.3g}; massive needs > 100 and ≥ 1000× the median"),
             ("super weight", f"layers[{weight.get('layer')}].mlp.down_proj.weight[{weight.get('row')}, {weight.get('col')}]" if weight
-             else "none found by Yu et al.'s spike rule",
+             else _PER_EXPERT if self.per_expert else "none found by Yu et al.'s spike rule",
              f"writes {weight['share']:.0%} of the layer's output spike" if weight
-             else f"largest down-projection spike {self.largest_spike:.3g} (a spike exceeds {SPIKE:g} in and out)"),
+             else "" if self.per_expert else f"largest down-projection spike {self.largest_spike:.3g} (a spike exceeds {SPIKE:g} in and out)"),
             ("super neuron", f"layer {self.super_neuron.get('layer')} unit {self.super_neuron.get('unit')}" if self.super_neuron
-             else "none found: no massive dim to write into",
+             else _PER_EXPERT if self.per_expert else "none found: no massive dim to write into",
              f"writes {self.super_neuron['writes']:.4g} into dim {dim}" if self.super_neuron else ""),
-            ("disparity", f"max/mean |x_0| {self.disparity:.3g} (layer {self.disparity_layer})", f"other positions up to {self.disparity_elsewhere:.3g}"),
-            ("sink", f"Sink_0 {self.sink_rate:.1f}% at ε {self.eps}", sinks),
+            ("disparity", f"max/mean |x_0| {self.disparity:.3g} (layer {self.disparity_layer})" if not self.per_expert else "not measured here",
+             f"other positions up to {self.disparity_elsewhere:.3g}" if not self.per_expert else "super_neurons reads it, on one MLP per layer"),
+            ("sink", sink_where, sinks),
         ]
         frame = pd.DataFrame(rows, columns=["link", "where", "measured"])
         if self.chain:
@@ -112,6 +136,7 @@ class SinkAnatomy(Result):
             "massive_value": self.massive_value, "onset_layer": self.onset_layer,
             "super_weight": f"L{weight['layer']}[{weight['row']}, {weight['col']}]" if weight else None,
             "super_weight_share": weight.get("share"), "disparity": self.disparity,
+            "model_sink": "learned sink" if self.learned_sink_leads else "key 0", "learned_sink_share": self.learned_sink_share,
         }
 
     def plot(self) -> Any:
@@ -184,14 +209,25 @@ def _ranges(layers: list[int]) -> str:
 
 
 def anatomy_of(sections: Mapping[str, Result]) -> SinkAnatomy | None:
-    """The anatomy from a report's sections (``sinks`` and ``super_neurons`` at least; ``massive_activations``,
-    ``super_weights`` and ``sink_attribution`` where computed), or None when they are not there."""
+    """The anatomy from a report's sections (``sinks`` and ``super_neurons`` at least, or ``sinks`` and
+    ``massive_activations`` on a mixture of experts; ``massive_activations``, ``super_weights`` and
+    ``sink_attribution`` where computed), or None when they are not there."""
     sinks, neurons = sections.get("sinks"), sections.get("super_neurons")
-    if sinks is None or neurons is None:
-        return None
     massive, weights, attribution = sections.get("massive_activations"), sections.get("super_weights"), sections.get("sink_attribution")
+    if sinks is None or (neurons is None and (massive is None or "super_experts" not in sections)):
+        return None
     per_layer = sinks.rate_by_head(0).mean(dim=1)  # type: ignore[attr-defined]
+    common = dict(
+        sink_rate=sinks.rate()[0].item(), sink_layers=[i for i, r in enumerate(per_layer.tolist()) if r >= SINK_LAYER_RATE],  # type: ignore[attr-defined]
+        first_token_share=sinks.share(0).mean().item(), eps=sinks.eps,  # type: ignore[attr-defined]
+        learned_sink_share=sinks.learned_share().mean().item() if sinks.declares_sink else None,  # type: ignore[attr-defined]
+        learned_sink_rate=sinks.learned_rate() if sinks.declares_sink else None,  # type: ignore[attr-defined]
+        first_token_mass=sinks.mass()[..., 0].mean().item(), windows=list(sinks.layer_windows),  # type: ignore[attr-defined]
+        chain=attribution.chain().to_dict(orient="records") if attribution is not None else [],  # type: ignore[attr-defined]
+    )
     onset = massive.onset_layer() if massive is not None else None  # type: ignore[attr-defined]
+    if neurons is None:
+        return _per_expert_anatomy(massive, onset, common)
     dims = (massive.dims(onset, positions=(0,)) if onset is not None else []) or [neurons.massive_dim]  # type: ignore[attr-defined]
     value_by_layer = neurons.resid_at[:, dims[0]]  # type: ignore[attr-defined]
     peak = int(value_by_layer.argmax())
@@ -209,14 +245,20 @@ def anatomy_of(sections: Mapping[str, Result]) -> SinkAnatomy | None:
             if spikes[layer] > SPIKE:  # Yu et al.'s rule: only a spiking layer has a super weight
                 candidates.append({"layer": layer, "row": row, "col": col, "weight": weights.weight[layer].item(), "share": weights.share[layer].item()})  # type: ignore[attr-defined]
     return SinkAnatomy(
-        sink_rate=sinks.rate()[0].item(), sink_layers=[i for i, r in enumerate(per_layer.tolist()) if r >= SINK_LAYER_RATE],  # type: ignore[attr-defined]
-        first_token_share=sinks.share(0).mean().item(), eps=sinks.eps,  # type: ignore[attr-defined]
         massive_dims=[int(d) for d in dims], massive_value=value_by_layer[peak].item(), massive_median=neurons.massive_median[peak].item(),  # type: ignore[attr-defined]
         onset_layer=onset, super_weights=candidates, largest_spike=largest_spike,
         super_neuron={"layer": top_layer, "unit": top_unit, "writes": h["top_unit_writes"], "share": h["top_unit_share"], "act": h["top_unit_act"]}
         if onset is not None else {},
         disparity=h["dominance_at_max"], disparity_layer=h["dominance_at_argmax"], disparity_elsewhere=h["dominance_elsewhere_max"],
-        chain=attribution.chain().to_dict(orient="records") if attribution is not None else [],  # type: ignore[attr-defined]
         rise_layer=rise, rise_value=value_by_layer[rise].item() if rise is not None else None,
-        rise_ratio=ratio_by_layer[rise].item() if rise is not None else None,
+        rise_ratio=ratio_by_layer[rise].item() if rise is not None else None, **common,  # type: ignore[arg-type]
     )
+
+
+def _per_expert_anatomy(massive: Any, onset: int | None, common: dict[str, Any]) -> SinkAnatomy:
+    """A mixture of experts' anatomy from the block outputs alone: the largest |h| at position 0 and where it sits
+    (its super weights and neurons are per expert, in the super_experts section)."""
+    peak, largest, value = massive.largest_at_first()
+    dims = (massive.dims(onset, positions=(0,)) if onset is not None else []) or [largest]  # no massive activation: the largest
+    return SinkAnatomy(massive_dims=dims, massive_value=value, massive_median=massive.median[peak].item(), onset_layer=onset,
+                       per_expert=True, **common)
