@@ -25,6 +25,7 @@ from lens_bias.hooks import (
     MaskToSelf,
     MeanCenterMLP,
     OddActivation,
+    RemoveLearnedSinks,
     RemoveWeight,
     ScaleNorm,
     SelfOnlyAttention,
@@ -211,6 +212,29 @@ def _ablate(model: Any) -> str:
     return "ok"
 
 
+def _attention_rows(model: Any) -> str:
+    """What a row of the attention pattern sums to over the keys: 1, or less where a learned sink (a softmax logit no
+    key owns) takes the rest; a row the model does not account for fails the cell."""
+    sums: list[torch.Tensor] = []
+    n_layers = int(model.cfg.n_layers)
+    with torch.no_grad():
+        model.run_with_hooks(TOKENS, fwd_hooks=[(f"blocks.{layer}.attn.hook_pattern", lambda p, hook: sums.append(p.float().sum(dim=-1)))
+                                                for layer in range(n_layers)])
+    low, high = min(s.min().item() for s in sums), max(s.max().item() for s in sums)
+    assert high < 1 + 1e-4, f"attention rows sum to up to {high}"
+    if lens_bias.ModelAdapter(model).info.learned_sinks:
+        assert low < 1 - 1e-3, f"a declared learned sink that takes nothing: rows sum to at least {low}"
+        return f"learned sink: {low:.2f}–{high:.2f}"
+    assert low > 1 - 1e-4, f"rows sum to as little as {low} without a declared sink"
+    return "1"
+
+
+def _sliding_layers(model: Any) -> str:
+    from lens_bias.core.attention_layout import describe_windows
+
+    return describe_windows(lens_bias.ModelAdapter(model).windows) or "none"
+
+
 def _acts(intervention: Any) -> Callable[[Any], str]:
     """The intervention is refused in one line, or changes the model's logits."""
 
@@ -230,9 +254,12 @@ INTERVENTION_CELLS = {
     "AmplifyVariance": AmplifyVariance(4), "ScaleNorm": ScaleNorm(4), "HeadwiseRMSNorm": HeadwiseRMSNorm(gain=False),
     "ZeroSublayer": ZeroSublayer(), "ZeroOutputDims": ZeroOutputDims(), "SetActivations": SetActivations(values=(100.0,)),
     "RemoveWeight": RemoveWeight(), "RemoveWeight(expert=0)": RemoveWeight(layer=1, expert=0), "MeanCenterMLP": MeanCenterMLP(), "OddActivation": OddActivation(),
-    "SwapActivation": SwapActivation("tanh"), "SubtractPositionEmbedding": SubtractPositionEmbedding(),
+    "SwapActivation": SwapActivation("tanh"), "SubtractPositionEmbedding": SubtractPositionEmbedding(), "RemoveLearnedSinks": RemoveLearnedSinks(),
 }
+# Columns that state a fact of the architecture, written as measured, not as ✓ / ✗.
+FACTS: dict[str, Callable[[Any], str]] = {"attention rows sum to": _attention_rows, "sliding layers": _sliding_layers}
 CELLS: dict[str, Callable[[Any], str]] = {
+    **FACTS,
     "analyze": _analyze,
     **{f"section {name}": _section(name) for name in lens_bias.SECTIONS},
     "fingerprint": _fingerprint,
@@ -306,11 +333,13 @@ PAGE_HEAD = """# Supported architectures
 Generated from the architecture matrix (`tests/architecture_matrix.py`, run in CI by `tests/test_architectures.py`;
 write this page again with `python -m tests.architecture_matrix`). Each row is a tiny random model of the architecture
 (d 64, 2 layers, 4 heads, vocabulary 512) with its norms' gains and biases drawn away from 1 and 0, as training leaves
-them. Columns: `analyze()` with its defaults, then `analyze(sections=[...])` for each section alone, then the other
-functions, then each intervention inside `intervene`. Each cell ran it: ✓ is a result checked against the model's own
-computation (token preference equals the mean softmax of the model's logits; a fingerprint's features unembed to the
-model's logits; an intervention changes the logits; no NaN), ✗ is a refusal in one line, whose reason is listed under
-the table. After every cell the model's weights are bit-identical and its hooks are as before.
+them. Columns: what a row of the attention pattern sums to over the keys (1, or the range where a learned sink, a
+softmax logit no key owns, takes the rest) and which layers slide (window as in the model's config), then `analyze()`
+with its defaults, then `analyze(sections=[...])` for each section alone, then the other functions, then each
+intervention inside `intervene`. Each cell ran it: ✓ is a result checked against the model's own computation (token
+preference equals the mean softmax of the model's logits; a fingerprint's features unembed to the model's logits; an
+intervention changes the logits; no NaN), ✗ is a refusal in one line, whose reason is listed under the table. After
+every cell the model's weights are bit-identical and its hooks are as before.
 
 """
 
@@ -329,7 +358,9 @@ def render(table: list[Row], title: str) -> str:
         marks = []
         for column in columns:
             value = row.cells[column]
-            if value.startswith("refused: "):
+            if column in FACTS and not value.startswith("refused: "):
+                marks.append(value)
+            elif value.startswith("refused: "):
                 reason = _generic(value.removeprefix("refused: "))
                 marks.append(f"✗{reasons.setdefault(reason, len(reasons) + 1)}")
             else:
@@ -342,6 +373,8 @@ def render(table: list[Row], title: str) -> str:
 def _header(column: str) -> str:
     """A column's heading: a section of ``analyze`` by its name, a function with ``()``, an intervention by its class."""
     kind, _, name = column.partition(" ")
+    if column in FACTS:
+        return column
     return name if kind in ("section", "intervention") else f"`{column}()`"
 
 

@@ -27,6 +27,8 @@ ATTENTION_EDITS = ("intervention MaskToSelf", "intervention UniformAttention", "
 # Mixtures of experts, whose experts are read one at a time; these cells are results there and refusals on one MLP per layer.
 MOE = ("hf:mixtral", "hf:qwen2_moe", "hf:qwen3_moe", "hf:olmoe", "hf:granitemoe", "hf:gpt_oss", "hf:deepseek_v3")
 PER_EXPERT = ("section super_experts", "super_experts", "intervention RemoveWeight(expert=0)")
+# The architectures whose attention declares a learned sink (a softmax logit no key owns); RemoveLearnedSinks acts there only.
+LEARNED_SINK = ("hf:gpt_oss",)
 
 
 @pytest.mark.parametrize("row", rows())
@@ -39,9 +41,12 @@ def test_every_function_on_every_architecture(row):
     refused = {name: why for name, why in result.cells.items() if why.startswith("refused")}
     assert not refused.keys() & set(ALWAYS), refused
     if row in COMPLETE:
-        assert refused.keys() == set(PER_EXPERT), refused
+        assert refused.keys() == {*PER_EXPERT, "intervention RemoveLearnedSinks"}, refused
     if row in MOE:
-        assert not refused.keys() & set(PER_EXPERT) and "super_experts" in result.cells["analyze"], refused
+        assert not refused.keys() & {*PER_EXPERT, "sink_attribution"} and "super_experts" in result.cells["analyze"], refused
+    declared = row in LEARNED_SINK
+    assert ("intervention RemoveLearnedSinks" in refused) != declared, result.cells["intervention RemoveLearnedSinks"]
+    assert result.cells["attention rows sum to"].startswith("learned sink") == declared, result.cells["attention rows sum to"]
     if row in READ_ONLY_PATTERN:
         assert all("copy the model does not read back" in result.cells[name] for name in ATTENTION_EDITS), result.cells
         assert "sink_attribution" not in refused  # the default conditions skip the edits that cannot act

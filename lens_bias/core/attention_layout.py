@@ -13,7 +13,7 @@ Two facts decide how a pattern's rows are read:
 
 The window is read from the Hugging Face config a TL 4 bridge wraps (``layer_types`` with ``sliding_window``,
 GPT-Neo's ``attention_layers`` with ``window_size``, or a ``sliding_window`` that every layer uses), or from a TL 3
-config's ``attn_types`` and ``window_size``. The tests check each reading against the mask the model applies.
+model's blocks (each attention's ``attn_type``, "local" with ``cfg.window_size``). The tests check each reading against the mask the model applies.
 """
 
 from __future__ import annotations
@@ -50,11 +50,12 @@ def layer_windows(model: Any, n_layers: int) -> tuple[int | None, ...]:
     hf = _hf_config(model)
     if hf is not None:
         return _hf_windows(hf, n_layers)
-    cfg = getattr(model, "cfg", None)
-    types = getattr(cfg, "attn_types", None)
-    if types is None:
+    # TL 3: each block's attention knows its type ("local" only where cfg.use_local_attn built it so)
+    blocks = getattr(model, "blocks", None) or []
+    types = [getattr(getattr(block, "attn", None), "attn_type", "global") for block in blocks]
+    if "local" not in types:
         return (None,) * n_layers
-    return _from_types(list(types), getattr(cfg, "window_size", None), n_layers, "cfg.attn_types")
+    return _from_types(types, getattr(model.cfg, "window_size", None), n_layers, "the blocks' attn_type")
 
 
 def _hf_windows(hf: Any, n_layers: int) -> tuple[int | None, ...]:

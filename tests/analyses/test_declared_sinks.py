@@ -151,7 +151,7 @@ def test_sink_attribution_removes_the_learned_sinks_and_says_where_their_attenti
     gain = result.key_mass[-1] - result.key_mass[0]
     assert gain.sum().item() == pytest.approx(freed.item(), abs=1e-5)
     assert row.freed_attention.endswith(f"of the {freed:.2f} freed)")
-    assert "learned sinks removed" not in [c.name for c in []]  # the default conditions of a model without sinks lack it:
+    # the default conditions of a model without learned sinks leave the condition out
     assert "learned sinks removed" not in sink_attribution(tiny("llama"), lens_bias.random_tokens(8, 12, 97), n_random=4).conditions
 
 
@@ -222,9 +222,10 @@ def test_the_window_read_from_the_config_is_the_mask_the_model_applies(model_typ
 @pytest.mark.skipif(tl.tl_major() >= 4, reason="TL 3 configs name local attention in cfg.attn_types")
 def test_tl3_local_attention_window_is_read_and_applied():
     HookedTransformer, HookedTransformerConfig = tl.hooked_transformer_classes()
-    cfg = HookedTransformerConfig(d_model=64, d_head=16, n_heads=4, n_layers=2, n_ctx=16, d_vocab=97, act_fn="gelu", attn_types=["local", "global"],
-                                  window_size=WINDOW, seed=0)
-    model = HookedTransformer(cfg).eval()
+    fields = dict(d_model=64, d_head=16, n_heads=4, n_layers=2, n_ctx=16, d_vocab=97, act_fn="gelu", attn_types=["local", "global"], window_size=WINDOW, seed=0)
+    # TL 3 builds local attention only with use_local_attn: without it, attn_types alone leaves every layer global
+    assert layer_windows(HookedTransformer(HookedTransformerConfig(**fields)), 2) == (None, None)
+    model = HookedTransformer(HookedTransformerConfig(**fields, use_local_attn=True)).eval()
     assert layer_windows(model, 2) == (WINDOW, None)
     tokens = lens_bias.random_tokens(4, 10, 97)
     with torch.no_grad():

@@ -116,3 +116,29 @@ def test_the_report_page_has_the_same_design_on_every_family(family, tmp_path):
     assert headings[:3] == ["Anatomy of the sink", "Attention of the strongest sink heads", "Other numbers"]
     assert report.sink_heads.tokens[:3] == [tokenizer.decode([i]) for i in _tokens(tokenizer, bos=True)[0, :3].tolist()]
     assert "attention of the strongest sink heads (unedited)" in dom
+
+
+@pytest.mark.slow
+def test_sliding_layers_over_an_input_longer_than_gemmas_window(family):
+    """600 tokens, longer than Gemma 3's local window of 512: the windows read from the model are the mask plain
+    transformers applies (key 0 gets no attention from queries ≥ 512 in a sliding layer, some in a full one), and
+    Sink_0 there averages α over the 512 queries that can see key 0. Qwen2.5 slides nowhere."""
+    name, model, hf, tokenizer = family
+    tokens = text_tokens(tokenizer, 2, 600, bos=True, seed=3)
+    windows = lens_bias.ModelAdapter(model).windows
+    assert windows == tuple(512 if t == "sliding_attention" else None for t in hf.config.layer_types) if name.startswith("gemma") \
+        else all(w is None for w in windows)
+    result = lens_bias.analyze(model, inputs=tokens, sections=["sinks"], progress=False).sinks
+    with torch.no_grad():
+        attentions = torch.stack(hf(tokens, output_attentions=True).attentions, dim=1)  # [N, L, H, T, T]
+    to_first = attentions[..., 0]  # [N, L, H, query]
+    for layer, window in enumerate(windows):
+        late = to_first[:, layer, :, window:] if window is not None else None
+        if window is not None:
+            assert late.abs().max() == 0, (layer, window)  # the model's own mask: no query ≥ 512 sees key 0
+        else:  # a full layer: queries far past 512 still reach key 0 (a head may put an exact 0 there, not all of them)
+            assert (to_first[:, layer, :, 512:] > 0).any(), layer
+        seen = to_first[:, layer, :, :window] if window is not None else to_first[:, layer]
+        assert (result.alpha_mean[layer, :, 0] - seen.mean(dim=-1).mean(dim=0)).abs().max().item() < 1e-4, layer
+    if name.startswith("gemma"):
+        assert result.sliding_layers and "there Sink_k counts only the queries that can see key k" in result.summary()
