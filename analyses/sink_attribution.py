@@ -67,7 +67,7 @@ from lens_bias.hooks import (
 )
 from lens_bias.hooks.base import edit_hooks, edit_records, refusal
 
-__all__ = ["Condition", "anatomy_conditions", "sink_attribution", "SinkAttributionResult", "VERDICTS"]
+__all__ = ["Condition", "anatomy_conditions", "sink_attribution", "SinkAttributionResult", "VERDICTS", "LEARNED_LINK"]
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ VERDICTS = ("removes the sink", "weakens it", "no effect", "strengthens it")
 # beyond 3 SE *and* of at least 5 points of Sink_0 (significance alone calls 70.6% → 69.8% a weakening on 32 sequences).
 _REMOVED, _SE, _POINTS = 0.1, 3.0, 5.0
 _MOVES = "a later token made first-like"  # the link of the conditions that move the sink: they test no necessity
-_LEARNED = "learned sink → attention"
+LEARNED_LINK = "learned sink → attention"  # the link of "learned sinks removed"
 # Where freed attention goes: one destination when it takes at least this share of what the learned sink gave up.
 _DESTINATION = 0.5
 
@@ -165,7 +165,7 @@ def anatomy_conditions(
                   _MOVES, (AmplifyVariance(position=position, factor=factor),)),
     ]
     if info.learned_sinks:
-        conditions.append(Condition("learned sinks removed", "every head's learned sink logit at −∞: attention over the keys alone", _LEARNED,
+        conditions.append(Condition("learned sinks removed", "every head's learned sink logit at −∞: attention over the keys alone", LEARNED_LINK,
                                     (RemoveLearnedSinks(),)))
     return conditions
 

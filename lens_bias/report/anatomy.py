@@ -17,6 +17,7 @@ import pandas as pd
 import torch
 
 from lens_bias.analyses.base import Result
+from lens_bias.analyses.sink_attribution import LEARNED_LINK
 from lens_bias.analyses.super_weights import SPIKE
 from lens_bias.core.attention_layout import describe_windows
 from lens_bias.core.figures import new_figure
@@ -112,7 +113,8 @@ class SinkAnatomy(Result):
             verdicts = {}
             for row in self.chain:  # the first condition of a link: the top candidate's
                 verdicts.setdefault(row["link"], f"{row['condition']}: {row['verdict']} ({row['sink_0']}, perplexity ×{row['ppl_ratio']:.3g})")
-            links = ("massive dim → sink", "super weight → massive dim", "super neurons → massive dim", "", "first-token privilege → sink")
+            sink_link = LEARNED_LINK if self.learned_sink_leads else "first-token privilege → sink"
+            links = ("massive dim → sink", "super weight → massive dim", "super neurons → massive dim", "", sink_link)
             frame["causal test"] = [verdicts.get(link, "") for link in links]
         return frame
 
@@ -178,6 +180,8 @@ class SinkAnatomy(Result):
         if "massive dim → sink" in by_link:
             ax.plot([1.5, 3.5], [top - 0.2, top - 0.2], color="#722", lw=1)
             ax.text(2.5, top - 0.22, verdicts("massive dim → sink"), ha="center", va="top", fontsize=8, color="#722")
+        if LEARNED_LINK in by_link:  # the sink the model declares: removing it is tested at the sink itself
+            ax.text(3.5, top - 0.22, verdicts(LEARNED_LINK), ha="center", va="top", fontsize=8, color="#722")
         parity = verdicts("first-token privilege → sink")
         if parity:
             ax.text(2.0, 0.02, "apart from the chain (tests no single link):\n" + parity, ha="center", va="bottom", fontsize=8, color="#722",

@@ -151,6 +151,11 @@ def test_sink_attribution_removes_the_learned_sinks_and_says_where_their_attenti
     gain = result.key_mass[-1] - result.key_mass[0]
     assert gain.sum().item() == pytest.approx(freed.item(), abs=1e-5)
     assert row.freed_attention.endswith(f"of the {freed:.2f} freed)")
+    # the anatomy tests the learned sink at the sink itself, in its table and under the sink in its figure
+    anatomy = lens_bias.analyze(model, inputs=TOKENS, progress=False, attribution=result).anatomy()
+    assert anatomy.to_pandas().set_index("link").loc["sink", "causal test"].startswith("learned sinks removed: ")
+    texts = [t.get_text() for t in anatomy.plot().axes[0].texts]
+    assert any(t.startswith("learned sinks removed:") for t in texts), texts
     # the default conditions of a model without learned sinks leave the condition out
     assert "learned sinks removed" not in sink_attribution(tiny("llama"), lens_bias.random_tokens(8, 12, 97), n_random=4).conditions
 
