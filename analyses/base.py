@@ -23,7 +23,7 @@ from lens_bias.core.errors import LensBiasError
 from lens_bias.core.inputs import Inputs, InputSpec
 from lens_bias.core.registry import Registry
 from lens_bias.core.serialise import Serialisable
-from lens_bias.hooks.base import edit_hooks
+from lens_bias.hooks.base import edit_hooks, fix_for_inputs
 
 __all__ = ["Analysis", "Result", "SECTIONS", "run_analyses", "measure"]
 
@@ -179,7 +179,7 @@ def run_analyses(
         if reason is not None:
             raise LensBiasError(f"section {analysis.name} cannot run on this model: {reason}; leave it out")
     wanted = [a.probes(adapter) for a in analyses]
-    hooks = edit_hooks(adapter.model, interventions)
+    hooks = edit_hooks(adapter.model, fix_for_inputs(adapter.model, interventions, inputs, batch_size))  # the same at any batch size
     kept = adapter.collect(inputs, [p for probes in wanted for p in probes.values()], batch_size=batch_size, hooks=hooks, progress=progress)
     return {
         a.name: a.finalize(adapter, {local: kept[p.key] for local, p in probes.items()}, spec)

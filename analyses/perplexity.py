@@ -25,7 +25,7 @@ from lens_bias.analyses.base import Result
 from lens_bias.core.adapter import ModelAdapter, on_device
 from lens_bias.core.errors import LensBiasError
 from lens_bias.hooks import intervene
-from lens_bias.hooks.base import InterventionLike
+from lens_bias.hooks.base import InterventionLike, fix_for_inputs
 
 __all__ = ["perplexity", "PerplexityTable", "perplexity_table"]
 
@@ -78,6 +78,7 @@ def perplexity(
         batch_size = max(1, min(adapter.default_batch_size(seq_len), _LOGIT_FLOATS_PER_BATCH // (seq_len * adapter.info.d_vocab)))
     elif isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise LensBiasError(f"batch_size must be a positive int or None, got {batch_size!r}")
+    interventions = fix_for_inputs(model, list(interventions), tokens, batch_size)  # batch-free edits: the same at any batch size
     total: Tensor | None = None  # the summed NLL where the logits are (float64; float32 on MPS, which has none), read once
     was_training = model.training
     if was_training:

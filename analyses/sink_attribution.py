@@ -51,7 +51,7 @@ from lens_bias.analyses.sinks import DEFAULT_EPS, Sinks
 from lens_bias.analyses.super_neurons import SuperNeurons, dominance_ratio
 from lens_bias.analyses.super_weights import SuperWeights
 from lens_bias.core.adapter import ModelAdapter, Probe
-from lens_bias.core.errors import LensBiasError
+from lens_bias.core.errors import LensBiasError, WrongType
 from lens_bias.core.figures import integer_ticks, new_figure
 from lens_bias.core.inputs import InputSpec, check_later_position
 from lens_bias.hooks import (
@@ -65,7 +65,7 @@ from lens_bias.hooks import (
     SetActivations,
     ZeroOutputDims,
 )
-from lens_bias.hooks.base import edit_hooks, edit_records, refusal
+from lens_bias.hooks.base import edit_hooks, edit_records, fix_for_inputs, refusal
 
 __all__ = ["Condition", "anatomy_conditions", "sink_attribution", "SinkAttributionResult", "VERDICTS", "LEARNED_LINK"]
 
@@ -348,7 +348,7 @@ def _condition_list(conditions: Union[Mapping[str, Sequence[Intervention]], Sequ
     else:
         given = list(conditions)
         if not all(isinstance(c, Condition) for c in given):
-            raise TypeError("conditions are {name: [interventions]} or a list of Condition")
+            raise WrongType("conditions are {name: [interventions]} or a list of Condition")
     if not given or given[0].interventions:
         given.insert(0, Condition("unedited", "the model as it is", ""))
     return given
@@ -423,7 +423,8 @@ def sink_attribution(
     per_condition = []
     for condition in tqdm(chosen, desc="sink attribution", disable=not progress):
         probes = sinks.probes(adapter)
-        kept = adapter.collect(tokens, [*probes.values(), *extra.values()], batch_size=batch_size, hooks=edit_hooks(model, condition.interventions),
+        edits = fix_for_inputs(model, list(condition.interventions), tokens, batch_size)  # the same at any batch size
+        kept = adapter.collect(tokens, [*probes.values(), *extra.values()], batch_size=batch_size, hooks=edit_hooks(model, edits),
                                progress=False, desc=condition.name)
         result = sinks.finalize(adapter, {name: kept[p.key] for name, p in probes.items()}, spec)
         alpha = result.alpha  # [n, layer, head, key]
@@ -436,7 +437,7 @@ def sink_attribution(
             "learned": result.learned_share().mean(dim=1) if result.declares_sink else None,
             "massive": torch.stack([kept[extra["massive", layer].key].mean() for layer in range(n_layers)]),
             "disparity": torch.stack([kept[extra["disparity", layer].key].mean() for layer in range(n_layers)]),
-            "perplexity": perplexity(model, tokens, interventions=condition.interventions, batch_size=batch_size),
+            "perplexity": perplexity(model, tokens, interventions=edits, batch_size=batch_size),
         })
         logger.info("%s: Sink_0 %.1f%%, perplexity %.4g", condition.name, per_condition[-1]["per_sequence"].mean(), per_condition[-1]["perplexity"])
 

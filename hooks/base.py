@@ -20,10 +20,11 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Iterator, Mapping, Sequence, TypeVar, Union
 
 from lens_bias.core.adapter import READS, ROLE_ATTRIBUTE, FwdHook, HookFn, ModelAdapter, counting
-from lens_bias.core.errors import LensBiasError
+from lens_bias.core.errors import LensBiasError, WrongType
 from lens_bias.core.registry import Registry
 
-__all__ = ["INTERVENTIONS", "Intervention", "Compose", "intervene", "as_hooks", "edit_hooks", "edit_records", "refusal", "reads", "replaces", "check_position", "check_in_sequence"]
+__all__ = ["INTERVENTIONS", "Intervention", "Compose", "intervene", "as_hooks", "edit_hooks", "edit_records", "fix_for_inputs", "refusal", "reads", "replaces",
+           "check_position", "check_in_sequence"]
 
 # Intervention class name -> class: what from_dict finds a class by; subclassing registers (private names excepted).
 INTERVENTIONS: Registry[type["Intervention"]] = Registry("intervention")
@@ -97,6 +98,12 @@ class Intervention:
         """Learnable tensors this intervention owns for ``model`` (most own none); ``lens_bias.training.trainer`` trains them."""
         return []
 
+    def fixed_for(self, model: Any, inputs: Any, others: Sequence[Any] = (), batch_size: int | None = None) -> "Intervention":
+        """This intervention as it acts on ``inputs`` whatever their batches: one whose edit depends on the batch
+        (AmplifyVariance's mean) measures what it needs once over all of them, with ``others`` attached; most
+        depend on nothing and return themselves (:func:`fix_for_inputs`)."""
+        return self
+
     def fwd_hooks(self, model: Any) -> list[FwdHook]:
         """TL forward hooks that apply this intervention to ``model``; fresh closures on every call."""
         hooks = [hook for layer in self.model_layers(model) for hook in self.layer_hooks(model, layer)]
@@ -150,6 +157,12 @@ class Compose(Intervention):
     def parameters(self, model: Any) -> list[Any]:
         return [p for part in self.parts for p in part.parameters(model)]
 
+    def fixed_for(self, model: Any, inputs: Any, others: Sequence[Any] = (), batch_size: int | None = None) -> "Compose":
+        parts = list(self.parts)
+        for i, part in enumerate(parts):
+            parts[i] = part.fixed_for(model, inputs, [*others, *parts[:i], *parts[i + 1:]], batch_size)
+        return Compose(tuple(parts))
+
     def to_dict(self) -> dict[str, Any]:
         return {"type": "Compose", "parts": [p.to_dict() for p in self.parts]}
 
@@ -163,7 +176,7 @@ def _flatten(interventions: Sequence[InterventionLike]) -> list[Intervention]:
         items = [item] if isinstance(item, Intervention) else list(item)
         for iv in items:
             if not isinstance(iv, Intervention):
-                raise TypeError(f"expected lens_bias.hooks interventions, got {type(iv).__name__}")
+                raise WrongType(f"expected lens_bias.hooks interventions, got {type(iv).__name__}")
             flat += _flatten(iv.parts) if isinstance(iv, Compose) else [iv]
     return flat
 
@@ -221,6 +234,19 @@ def edit_hooks(model: Any, edits: Sequence[Edit], *, raw: bool = True) -> list[F
     return hooks
 
 
+def fix_for_inputs(model: Any, edits: Sequence[Edit], inputs: Any, batch_size: int | None = None) -> list[Edit]:
+    """``edits`` with every intervention fixed for ``inputs`` (:meth:`Intervention.fixed_for`), so a pass over them gives
+    the same numbers however they are split into batches; plain ``(hook_name, fn)`` pairs are kept as they are."""
+    fixed = list(edits)
+    for i, item in enumerate(fixed):
+        others = [*fixed[:i], *fixed[i + 1:]]
+        if isinstance(item, Intervention):
+            fixed[i] = item.fixed_for(model, inputs, others, batch_size)
+        elif not _is_raw(item):  # a list of interventions
+            fixed[i] = Compose(tuple(_flatten([item]))).fixed_for(model, inputs, others, batch_size)
+    return fixed
+
+
 def refusal(model: Any, interventions: Sequence[InterventionLike]) -> str | None:
     """Why ``interventions`` cannot act on ``model`` (a hook it lacks, a hook off its forward path, a read-only copy),
     in one line; ``None`` when every edit acts. What a default run skips, and says it skipped."""
@@ -247,7 +273,7 @@ def edit_records(edits: Sequence[Edit]) -> list[dict[str, Any]]:
         elif isinstance(item, (list, tuple)):
             out += edit_records(item)
         else:
-            raise TypeError(f"expected lens_bias.hooks interventions or (hook_name, fn) pairs, got {type(item).__name__}")
+            raise WrongType(f"expected lens_bias.hooks interventions or (hook_name, fn) pairs, got {type(item).__name__}")
     return out
 
 

@@ -94,10 +94,23 @@ class HeadwiseRMSNorm(Intervention):
         weight = self._gains(model)
         return [] if weight is None else [weight]
 
+    def fwd_hooks(self, model: Any) -> list[FwdHook]:
+        _, n_heads, d_head = self._shape(model)
+        v_head = getattr(getattr(getattr(model, "original_model", None), "config", None), "v_head_dim", None)
+        if isinstance(v_head, int) and v_head != d_head:
+            raise LensBiasError(
+                f"HeadwiseRMSNorm normalises each head's z, but this model's value heads are {v_head} wide and its hook_z is split into heads of "
+                f"{d_head} (multi-head latent attention: query/key heads differ from value heads), so hook_z does not hold its heads; leave it out"
+            )
+        return super().fwd_hooks(model)
+
     def layer_hooks(self, model: Any, layer: int) -> list[FwdHook]:
         weight, eps = self._gains(model), float(self.eps)
+        heads = self._shape(model)[1:]
 
         def hook_fn(z: Tensor, hook: Any) -> Tensor:  # [batch, pos, head, d_head]
+            if tuple(z.shape[-2:]) != heads:
+                raise LensBiasError(f"HeadwiseRMSNorm: {hook.name} holds {tuple(z.shape[-2:])} per position, not the model's (n_heads, d_head) {heads}")
             normed = z * torch.rsqrt(z.float().pow(2).mean(dim=-1, keepdim=True) + eps).to(z.dtype)
             return normed if weight is None else normed * weight[layer].to(z.dtype)
 

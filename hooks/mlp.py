@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from lens_bias.core.adapter import FwdHook
-from lens_bias.core.errors import LensBiasError
+from lens_bias.core.errors import LensBiasError, WrongType
 from lens_bias.hooks.base import Intervention, reads, replaces
 
 __all__ = ["OddActivation", "MeanCenterMLP", "SwapActivation", "ACTIVATION_FUNCTIONS"]
@@ -108,7 +108,7 @@ class SwapActivation(Intervention):
         if isinstance(self.fn, str) and self.fn not in ACTIVATION_FUNCTIONS:
             raise LensBiasError(f"unknown activation {self.fn!r}; choose from {sorted(ACTIVATION_FUNCTIONS)} or pass a callable")
         if not isinstance(self.fn, str) and not callable(self.fn):
-            raise TypeError(f"fn must be an activation name or a callable, got {type(self.fn).__name__}")
+            raise WrongType(f"fn must be an activation name or a callable, got {type(self.fn).__name__}")
 
     def layer_hooks(self, model: Any, layer: int) -> list[FwdHook]:
         fn = ACTIVATION_FUNCTIONS[self.fn] if isinstance(self.fn, str) else self.fn
@@ -116,7 +116,7 @@ class SwapActivation(Intervention):
 
     def to_dict(self) -> dict[str, Any]:
         if not isinstance(self.fn, str):
-            raise TypeError("SwapActivation with a callable cannot be serialised; use an activation name")
+            raise WrongType("SwapActivation with a callable cannot be serialised; use an activation name")
         return super().to_dict()
 
 

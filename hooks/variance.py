@@ -1,8 +1,11 @@
 """Variance edits of one token's attention output at ``blocks.L.hook_attn_out`` (Li et al., "The Structural Origin
 of Attention Sink"); positions are 0-based, the first token is position 0.
 
-- AmplifyVariance(position=k, factor=λ): o_k ← λ(o_k − μ) + μ, μ the batch mean at position k. Spreads token k's
-  attention output across sequences like the first token's.
+- AmplifyVariance(position=k, factor=λ): o_k ← λ(o_k − μ) + μ, μ the mean at position k over the inputs. Spreads
+  token k's attention output across sequences like the first token's. ``analyze``, ``measure``, ``perplexity`` and
+  ``sink_attribution`` take μ once over all their inputs (:meth:`AmplifyVariance.fixed_for`: one pass per edited
+  layer, in order), so the numbers do not depend on how the inputs are split into batches; inside a bare
+  ``intervene`` block, which sees one batch at a time, μ is the batch's mean.
 - ScaleNorm(position=k, factor=λ): o_k ← λ·o_k, the control: a larger norm but the same *relative* spread.
 
 ``hook_attn_out`` is a live edit point on TL 3 and on TL 4 bridges (native and HF-built): tests check each edit
@@ -11,14 +14,16 @@ against a direct computation.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Sequence
 
+import torch
 from torch import Tensor
 
-from lens_bias.core.adapter import FwdHook
+from lens_bias.core.adapter import FwdHook, ModelAdapter, Probe, on_device
 from lens_bias.core.errors import LensBiasError
-from lens_bias.hooks.base import Intervention, check_in_sequence, check_position
+from lens_bias.core.inputs import Inputs
+from lens_bias.hooks.base import Intervention, check_in_sequence, check_position, edit_hooks
 
 __all__ = ["AmplifyVariance", "ScaleNorm"]
 
@@ -34,7 +39,7 @@ class _EditAtPosition(Intervention):
         super().__post_init__()
         check_position(self.position, type(self).__name__)
 
-    def _edit(self, out_k: Tensor) -> Tensor:  # [batch, d_model] -> [batch, d_model]
+    def _edit(self, out_k: Tensor, layer: int) -> Tensor:  # [batch, d_model] -> [batch, d_model]
         raise NotImplementedError
 
     def layer_hooks(self, model: Any, layer: int) -> list[FwdHook]:
@@ -43,7 +48,7 @@ class _EditAtPosition(Intervention):
         def hook_fn(out: Tensor, hook: Any) -> Tensor:  # [batch, pos, d_model]
             check_in_sequence(k, out.shape[1], name)
             out = out.clone()
-            out[:, k] = self._edit(out[:, k])
+            out[:, k] = self._edit(out[:, k], layer)
             return out
 
         return [(f"blocks.{layer}.hook_attn_out", hook_fn)]
@@ -51,19 +56,51 @@ class _EditAtPosition(Intervention):
 
 @dataclass(frozen=True)
 class AmplifyVariance(_EditAtPosition):
-    """Mean-centred amplification of token ``position``'s attention output: λ(o_k − μ) + μ, μ the batch mean.
+    """Mean-centred amplification of token ``position``'s attention output: λ(o_k − μ) + μ, μ its mean over the
+    inputs.
 
-    Needs batches of at least 2 sequences (μ is taken over the batch).
+    ``mean`` holds μ per layer of the model (``[n_layers][d_model]``), fixed for a set of inputs by
+    :meth:`fixed_for`, which ``analyze``, ``measure``, ``perplexity`` and ``sink_attribution`` call; without it (a bare
+    ``intervene`` block) μ is the batch's mean, and batches need at least 2 sequences.
 
     >>> AmplifyVariance(position=10, factor=4.0, layers=[1]).to_dict()
-    {'type': 'AmplifyVariance', 'layers': [1], 'position': 10, 'factor': 4.0}
+    {'type': 'AmplifyVariance', 'layers': [1], 'position': 10, 'factor': 4.0, 'mean': None}
     """
 
-    def _edit(self, out_k: Tensor) -> Tensor:
-        if out_k.shape[0] < 2:
-            raise LensBiasError("AmplifyVariance centres on the batch mean: run batches of at least 2 sequences")
-        mean = out_k.mean(dim=0, keepdim=True)
+    mean: tuple[tuple[float, ...], ...] | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.mean is not None:
+            object.__setattr__(self, "mean", tuple(tuple(float(v) for v in row) for row in self.mean))
+
+    def _edit(self, out_k: Tensor, layer: int) -> Tensor:
+        if self.mean is not None:
+            mean = on_device(torch.tensor(self.mean[layer]), out_k.device, out_k.dtype)
+        elif out_k.shape[0] < 2:
+            raise LensBiasError("AmplifyVariance inside intervene() centres on each batch's mean: run batches of at least 2 sequences, or pass it "
+                                "to analyze / measure / perplexity (interventions=...), which take the mean once over all the inputs")
+        else:
+            mean = out_k.mean(dim=0, keepdim=True)
         return float(self.factor) * (out_k - mean) + mean
+
+    def fixed_for(self, model: Any, inputs: Inputs, others: Sequence[Any] = (), batch_size: int | None = None) -> "AmplifyVariance":
+        """This edit with μ taken once over ``inputs``: layer by layer, in order, each mean measured with the edits of
+        the layers before it (and ``others``, the edits it is applied with) attached, so the result equals one
+        batch of every input and does not depend on the batch size. One pass per edited layer, each stopped there."""
+        if self.mean is not None:
+            return self
+        check_in_sequence(self.position, int(inputs.shape[1]), "AmplifyVariance")
+        adapter = ModelAdapter(model)
+        k, n = self.position, int(inputs.shape[0])
+        means = torch.zeros(adapter.info.n_layers, adapter.info.d_model, dtype=torch.float64)
+        done = replace(self, mean=tuple(map(tuple, means.tolist())), layers=())
+        for layer in self.model_layers(model):
+            probe = Probe(f"blocks.{layer}.hook_attn_out", f"sum@{k}", lambda out: out[:, k].double().sum(dim=0), combine="sum")
+            hooks = edit_hooks(model, [*others, done] if done.layers else list(others))
+            means[layer] = adapter.collect(inputs, [probe], batch_size=batch_size, hooks=hooks, progress=False)[probe.key] / n
+            done = replace(done, mean=tuple(map(tuple, means.tolist())), layers=(*done.layers, layer))
+        return replace(self, mean=tuple(map(tuple, means.tolist())))
 
 
 @dataclass(frozen=True)
@@ -74,5 +111,5 @@ class ScaleNorm(_EditAtPosition):
     {'type': 'ScaleNorm', 'layers': None, 'position': 10, 'factor': 4.0}
     """
 
-    def _edit(self, out_k: Tensor) -> Tensor:
+    def _edit(self, out_k: Tensor, layer: int) -> Tensor:
         return float(self.factor) * out_k

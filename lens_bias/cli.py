@@ -18,7 +18,7 @@ from lens_bias import seedprint
 from lens_bias.analyses.base import SECTIONS
 from lens_bias.core import memory
 from lens_bias.core.corpora import code, prose, text_files
-from lens_bias.core.errors import LensBiasError
+from lens_bias.core.errors import LensBiasError, MissingExtra
 from lens_bias.core.serialise import parse_assignments
 from lens_bias.experiments.base import EXPERIMENTS
 from lens_bias.models import ARCHITECTURES, ModelSpec, load_model, random_init
@@ -319,7 +319,7 @@ def _lineage(args: argparse.Namespace) -> str:
         (out / "families.json").write_text(json.dumps({"families": result.families, "metrics": result.metrics, "seconds": result.seconds}, indent=2))
         try:
             result.plot().savefig(out / "lineage.png", dpi=120)
-        except LensBiasError:  # no matplotlib: the tables only
+        except MissingExtra:  # no matplotlib: the tables only
             pass
     return result.summary()
 
@@ -352,9 +352,9 @@ def _show_warning(message: Warning | str, category: type[Warning], *args: object
     print(f"warning: {message}", file=sys.stderr)
 
 
-# Errors that mean bad input (arguments, files, devices, memory), reported in one line; anything else is a bug
-# and keeps its traceback.
-_USER_ERRORS = (LensBiasError, ValueError, TypeError, OSError, MemoryError, torch.cuda.OutOfMemoryError)
+# Errors that mean bad input (lens_bias's refusals, and the OS's and the memory's on the user's paths and devices),
+# reported in one line; anything else, a bare ValueError or TypeError included, is a bug and keeps its traceback.
+_USER_ERRORS = (LensBiasError, OSError, MemoryError, torch.cuda.OutOfMemoryError)
 
 
 def _one_line(err: BaseException) -> str:

@@ -39,6 +39,8 @@ def test_every_function_on_every_architecture(row):
         assert row == "hf:codegen" and "cannot run its own forward pass" in result.refused, result.refused
         return
     refused = {name: why for name, why in result.cells.items() if why.startswith("refused")}
+    if row == "hf:deepseek_v3":  # its hook_z is not split by its (value) heads: head-wise norms are refused, in one line
+        assert "multi-head latent attention" in refused.pop("intervention HeadwiseRMSNorm"), result.cells
     assert not refused.keys() & set(ALWAYS), refused
     if row in COMPLETE:
         assert refused.keys() == {*PER_EXPERT, "intervention RemoveLearnedSinks"}, refused

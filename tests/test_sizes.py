@@ -98,11 +98,17 @@ def _stop_long_bars(original, at_least=LONG):
 @example(size=SIZES[22], value=10**12)  # the empirical null's trials
 def test_every_size_argument(size, value, tmp_path_factory):
     command, flag, rest, *written = size
-    argv = [command, *rest, flag, (written or ["{}"])[0].format(value)]
+    event(_size_run([command, *rest, flag, (written or ["{}"])[0].format(value)], tmp_path_factory))
+
+
+def _size_run(argv: list[str], tmp_path_factory: Any) -> str:
+    """One fuzzed command, planned against 64 MiB: "a result", "refused in one line" (a LensBiasError, or the OS's
+    or the memory's on the user's paths: the only exits 2 of the command line) or "a bounded progress bar". Any
+    other exception, a bug in lens_bias's own code, propagates and fails the example."""
     out, err = io.StringIO(), io.StringIO()
     cache = str(tmp_path_factory.getbasetemp() / "cache")  # corpora and tokenizers, shared by the examples
     folder = tmp_path_factory.mktemp("sizes")
-    if "a.pt" in rest:
+    if "a.pt" in argv:
         _fingerprint().save(folder / "a.pt")
     with contextlib.chdir(folder), mock.patch.dict(os.environ, {"LENS_BIAS_CACHE": cache}), \
             contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
@@ -111,19 +117,34 @@ def test_every_size_argument(size, value, tmp_path_factory):
         try:
             code = main(argv)
         except _LongRun as run:
-            event("a bounded progress bar")
             assert run.args[0] >= LONG
-            return
+            return "a bounded progress bar"
         except SystemExit as exit_:  # argparse: a value it cannot parse
             code = exit_.code
     assert code in (0, 2), (argv, err.getvalue()[-2000:])
     if code == 2:
-        event("refused in one line")
         line = err.getvalue().strip().splitlines()[-1]
-        assert line.startswith(f"lens-bias {command}: error: ") and "Traceback" not in err.getvalue(), err.getvalue()
-    else:
-        event("a result")
-        assert out.getvalue().strip()
+        assert line.startswith(f"lens-bias {argv[0]}: error: ") and "Traceback" not in err.getvalue(), err.getvalue()
+        return "refused in one line"
+    assert out.getvalue().strip()
+    return "a result"
+
+
+def test_the_fuzz_catches_a_bug_that_raises_type_error(tmp_path_factory, monkeypatch):
+    """The control: a TypeError planted in an analysis is a crash the fuzz reports, not a refusal it accepts."""
+    from lens_bias.analyses.sinks import Sinks
+
+    argv = ["analyze", "--d-model", "16", "--n-layers", "1", "--n-heads", "2", "--d-vocab", "50", "--seq-len", "6", "--n-sequences", "3"]
+    assert _size_run(argv, tmp_path_factory) == "a result"
+
+    def planted(self, adapter, kept, spec):
+        raise TypeError("a bug in our own code")
+
+    monkeypatch.setattr(Sinks, "finalize", planted)
+    with pytest.raises(TypeError, match="a bug in our own code"):
+        _size_run(argv, tmp_path_factory)
+    monkeypatch.setattr(Sinks, "finalize", lambda *a: (_ for _ in ()).throw(lens_bias.LensBiasError("a refusal")))
+    assert _size_run(argv, tmp_path_factory) == "refused in one line"
 
 
 def test_every_count_flag_of_the_command_line_is_fuzzed():

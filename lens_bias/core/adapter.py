@@ -24,7 +24,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from lens_bias.core import attention_layout, memory, offload, tl
-from lens_bias.core.errors import LensBiasError
+from lens_bias.core.errors import LensBiasError, WrongType
 from lens_bias.core.inputs import Inputs, RandomEmbeddings, RandomTokens, check_context
 from lens_bias.core.serialise import Serialisable
 from lens_bias.core.stats import unit
@@ -133,7 +133,7 @@ def _check_hooks(hooks: Sequence[Any]) -> list[FwdHook]:
     pairs = list(hooks)
     for item in pairs:
         if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str) and callable(item[1])):
-            raise TypeError(
+            raise WrongType(
                 f"hooks are (hook_name, fn) pairs, got {type(item).__name__}; for interventions pass "
                 "lens_bias.hooks.edit_hooks(model, interventions)"
             )
@@ -346,7 +346,7 @@ def _family(model: Any) -> str:
         return "hooked"
     if isinstance(model, torch.nn.Module) and hasattr(model, "hook_dict") and hasattr(model, "hooks"):
         return "hooked-root"
-    raise TypeError(
+    raise WrongType(
         f"lens_bias needs a TransformerLens model (TransformerBridge on TL 4.x, HookedTransformer on TL 3.x, or a "
         f"HookedRootModule with the standard hook names); got {type(model).__module__}.{type(model).__name__}. "
         "Build one with lens_bias.models.random_init(...), or wrap a Hugging Face model with "
@@ -423,10 +423,10 @@ class ModelAdapter:
         self.model = model
         cfg = getattr(model, "cfg", None)
         if cfg is None:
-            raise TypeError(f"{type(model).__name__} has no .cfg; lens_bias reads the architecture from a TL config")
+            raise WrongType(f"{type(model).__name__} has no .cfg; lens_bias reads the architecture from a TL config")
         param = next(model.parameters(), None)
         if param is None:
-            raise TypeError(f"{type(model).__name__} has no parameters")
+            raise WrongType(f"{type(model).__name__} has no parameters")
         if param.is_meta and not offload.is_dispatched(model):
             raise LensBiasError(f"{type(model).__name__}'s weights are on the meta device (shapes, no data); load real weights first, e.g. model.to_empty(device='cpu') and a state dict")
         n_heads = int(cfg.n_heads)

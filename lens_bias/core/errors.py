@@ -1,6 +1,10 @@
-"""The package's one exception class."""
+"""The package's exceptions: every refusal of bad input is a :class:`LensBiasError`, and nothing else is.
 
-__all__ = ["LensBiasError"]
+A ``ValueError`` or ``TypeError`` that is not a ``LensBiasError`` comes from lens_bias's own code (or a library under
+it), so it is a bug: the command line shows its traceback instead of a tidy one-line refusal.
+"""
+
+__all__ = ["LensBiasError", "WrongType", "MissingExtra"]
 
 
 class LensBiasError(ValueError):
@@ -8,3 +12,13 @@ class LensBiasError(ValueError):
 
     Subclasses ``ValueError`` so callers that already catch ``ValueError`` keep working.
     """
+
+
+class WrongType(LensBiasError, TypeError):
+    """An argument of the wrong kind (a model that is not a TransformerLens model, a list where an intervention
+    goes); also a ``TypeError``, so callers that catch one keep working."""
+
+
+class MissingExtra(LensBiasError):
+    """An optional dependency is not installed (matplotlib for figures); the message names the install line.
+    Callers that can do without it (a page without figures) catch this, and only this."""

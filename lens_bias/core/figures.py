@@ -10,17 +10,18 @@ import base64
 import io
 from typing import Any
 
-from lens_bias.core.errors import LensBiasError
+from lens_bias.core.errors import MissingExtra
 
 __all__ = ["new_figure", "figure_png", "integer_ticks", "layer_axis"]
 
 
 def new_figure(width: float = 6.0, height: float = 4.0) -> Any:
-    """An empty ``matplotlib.figure.Figure`` with a constrained layout; a :class:`LensBiasError` without matplotlib."""
+    """An empty ``matplotlib.figure.Figure`` with a constrained layout; :class:`~lens_bias.core.errors.MissingExtra`
+    without matplotlib."""
     try:
         from matplotlib.figure import Figure
     except ImportError as err:
-        raise LensBiasError('plots need matplotlib: pip install "lens-bias[plot]"') from err
+        raise MissingExtra('plots need matplotlib: pip install "lens-bias[plot]"') from err
     return Figure(figsize=(width, height), layout="constrained")
 
 

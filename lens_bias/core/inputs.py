@@ -18,7 +18,7 @@ from torch import Tensor
 
 from lens_bias.core import memory
 from lens_bias.core.corpora import Corpus, code, held_out_documents, prose
-from lens_bias.core.errors import LensBiasError
+from lens_bias.core.errors import LensBiasError, WrongType
 from lens_bias.core.serialise import Serialisable
 
 __all__ = ["check_context", "check_later_position", "random_tokens", "text_tokens", "repeated_tokens", "with_bos", "random_embeddings", "RandomTokens", "RandomEmbeddings", "InputSpec", "Inputs", "resolve_inputs"]
@@ -29,7 +29,7 @@ CORPORA = {"prose": prose, "code": code}
 
 def _check_count(name: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        raise WrongType(f"{name} must be an int, got {type(value).__name__}")
     if value < minimum:
         raise LensBiasError(f"{name} must be >= {minimum}, got {value}")
     return value
@@ -215,7 +215,7 @@ class RandomTokens:
 
     def __getitem__(self, rows: slice) -> Int[Tensor, "batch seq"]:
         if not isinstance(rows, slice) or rows.step not in (None, 1):
-            raise TypeError("RandomTokens supports contiguous slices only, e.g. tokens[0:32]")
+            raise WrongType("RandomTokens supports contiguous slices only, e.g. tokens[0:32]")
         start, stop, _ = rows.indices(self.n)
         if stop <= start:
             return torch.empty(0, self.seq_len, dtype=torch.long)
@@ -284,7 +284,7 @@ class RandomEmbeddings:
 
     def __getitem__(self, rows: slice) -> Float[Tensor, "batch seq d_model"]:
         if not isinstance(rows, slice):
-            raise TypeError("RandomEmbeddings supports slices only, e.g. emb[0:32]")
+            raise WrongType("RandomEmbeddings supports slices only, e.g. emb[0:32]")
         out = [self._row(i) for i in range(*rows.indices(self.n))]
         return torch.stack(out) if out else torch.empty(0, self.seq_len, self.d_model)
 
@@ -333,7 +333,7 @@ def random_embeddings(model: Any, n: int, seq_len: int, seed: int = 42, *, std: 
     """
     w_e = getattr(model, "W_E", None)
     if not isinstance(w_e, Tensor):
-        raise TypeError(f"random_embeddings needs a TransformerLens model with a W_E matrix, got {type(model).__name__}")
+        raise WrongType(f"random_embeddings needs a TransformerLens model with a W_E matrix, got {type(model).__name__}")
     if std is not None:
         return RandomEmbeddings(n=n, seq_len=seq_len, d_model=w_e.shape[-1], mean=0.0, std=std, seed=seed)
     w_e = w_e.detach().float()
@@ -398,4 +398,4 @@ def resolve_inputs(
             f"a tensor input must be token IDs [n, seq] (int64) or embeddings [n, seq, d_model] (float); "
             f"got dtype {inputs.dtype} and shape {tuple(inputs.shape)}"
         )
-    raise TypeError(f"inputs must be 'tokens', 'text', 'embeddings', a tensor or RandomEmbeddings, got {type(inputs).__name__}")
+    raise WrongType(f"inputs must be 'tokens', 'text', 'embeddings', a tensor or RandomEmbeddings, got {type(inputs).__name__}")

@@ -40,7 +40,7 @@ def mean_pairwise_cosine(x: Float[Tensor, "... n d"]) -> Float[Tensor, "..."]:
     """
     n = x.shape[-2]
     if n < 2:
-        raise ValueError(f"mean_pairwise_cosine needs at least 2 vectors, got {n}")
+        raise LensBiasError(f"mean_pairwise_cosine needs at least 2 vectors, got {n}")
     s = unit(x).sum(dim=-2)
     return ((s * s).sum(dim=-1) - n) / (n * (n - 1))
 
@@ -103,7 +103,7 @@ def kendall_tau_b(x: Float[Tensor, "n k"], y: Float[Tensor, "n k"]) -> Float[Ten
         ``[k]`` τ-b values (float64, on the inputs' device).
     """
     if x.shape != y.shape or x.ndim != 2:
-        raise ValueError(f"x and y must both be [n, k]; got {tuple(x.shape)} and {tuple(y.shape)}")
+        raise LensBiasError(f"x and y must both be [n, k]; got {tuple(x.shape)} and {tuple(y.shape)}")
     if x.device.type == "cuda":
         return kendall_tau_b_vectorised(x, y)
     return _kendall_tau_b_scipy(x, y)
@@ -136,7 +136,7 @@ def kendall_tau_b_vectorised(x: Float[Tensor, "n k"], y: Float[Tensor, "n k"]) -
         ``[k]`` τ-b values (float64).
     """
     if x.shape != y.shape or x.ndim != 2:
-        raise ValueError(f"x and y must both be [n, k]; got {tuple(x.shape)} and {tuple(y.shape)}")
+        raise LensBiasError(f"x and y must both be [n, k]; got {tuple(x.shape)} and {tuple(y.shape)}")
     n = x.shape[0]
     xt, yt = x.T.contiguous(), y.T.contiguous()
     by_y = torch.argsort(yt, dim=1, stable=True)

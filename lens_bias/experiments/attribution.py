@@ -15,7 +15,7 @@ from typing import Any
 from torch import Tensor
 
 from lens_bias.analyses.sink_attribution import SinkAttributionResult, sink_attribution
-from lens_bias.core.errors import LensBiasError
+from lens_bias.core.errors import LensBiasError, MissingExtra
 from lens_bias.core.inputs import check_context, random_tokens, text_tokens
 from lens_bias.core.serialise import Serialisable
 from lens_bias.core.tables import markdown_table
@@ -127,6 +127,6 @@ class AttributionExperiment(Experiment):
             (out / "attribution.md").write_text(_markdown(result))
             try:
                 result.plot().savefig(out / "sink_by_condition.png", dpi=120)
-            except LensBiasError:  # no matplotlib: the tables only
+            except MissingExtra:  # no matplotlib: the tables only
                 pass
         return Outcome(result.summary() + "\n\n" + _markdown(result))

@@ -21,7 +21,7 @@ import torch
 
 from lens_bias.core import memory, tl
 from lens_bias.core.adapter import NAME_ATTRIBUTE, REGIME_ATTRIBUTE, REGIMES
-from lens_bias.core.errors import LensBiasError
+from lens_bias.core.errors import LensBiasError, WrongType
 from lens_bias.models.spec import ModelSpec
 
 __all__ = ["random_init", "redraw", "resolve_backend", "mark"]
@@ -104,12 +104,12 @@ def random_init(
     """
     if isinstance(arch, ModelSpec):
         if spec:
-            raise TypeError(f"pass either a ModelSpec or keyword fields, not both (got {sorted(spec)})")
+            raise WrongType(f"pass either a ModelSpec or keyword fields, not both (got {sorted(spec)})")
         model_spec = arch.resolved()
     else:
         unknown = set(spec) - set(ModelSpec.__dataclass_fields__)
         if unknown:
-            raise TypeError(f"random_init got unknown argument(s) {sorted(unknown)}; valid: {sorted(ModelSpec.__dataclass_fields__)}")
+            raise WrongType(f"random_init got unknown argument(s) {sorted(unknown)}; valid: {sorted(ModelSpec.__dataclass_fields__)}")
         model_spec = ModelSpec(arch=arch, **spec).resolved()
     family = model_spec.architecture
     hooked = resolve_backend(backend) == "hooked"

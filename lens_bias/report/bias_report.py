@@ -24,7 +24,7 @@ from lens_bias.analyses.base import SECTIONS, Result, run_analyses
 from lens_bias.analyses.sink_attribution import SinkAttributionResult, sink_attribution
 from lens_bias.analyses.sink_heads import N_HEADS, SinkHeadsResult, sink_heads
 from lens_bias.core.adapter import REGIMES, ModelAdapter, ModelInfo
-from lens_bias.core.errors import LensBiasError
+from lens_bias.core.errors import LensBiasError, MissingExtra
 from lens_bias.core.figures import figure_png
 from lens_bias.core.inputs import Inputs, InputSpec, RandomTokens, resolve_inputs
 from lens_bias.hooks.base import Intervention, edit_records
@@ -32,7 +32,7 @@ from lens_bias.report.anatomy import SinkAnatomy, anatomy_of
 from lens_bias.report.page import CSV_SCRIPT, fmt, summary_html, table_block
 from lens_bias.report.viz import save_html, view_slot
 
-__all__ = ["BiasReport", "analyze", "SECTIONS"]
+__all__ = ["BiasReport", "analyze", "SECTIONS", "VIEWS"]
 
 # Sections that are not an Analysis of the shared pass, with passes of their own.
 EXTRA_SECTIONS: dict[str, type[Result]] = {
@@ -40,6 +40,8 @@ EXTRA_SECTIONS: dict[str, type[Result]] = {
     "sink_attribution": SinkAttributionResult,  # analyze(model, attribution=True)
     "sink_heads": SinkHeadsResult,  # a trained model's strongest sink heads on one window (one short pass per condition)
 }
+# Extra views with a pass of their own, named in analyze(sections=...) like sections; a whole report draws them.
+VIEWS = ("sink_heads",)
 # A trained model's page follows its anatomy with what removes the sink and what the sink heads look like.
 _TRAINED_FIRST = ("sink_attribution", "sink_heads")
 
@@ -173,7 +175,7 @@ class BiasReport:
                 caption = result.plot_caption or result.heading or name
                 try:
                     figure = f"<figure>{figure_png(result.plot(), alt=esc(caption))}<figcaption>{esc(caption)}</figcaption></figure>"
-                except LensBiasError as err:  # no matplotlib: tables and views only
+                except MissingExtra as err:  # no matplotlib: tables and views only
                     no_plot = str(err)
             summary = f"<div>{summary_html(result.page_summary())}</div>" if result.page_summary() else ""
             part = (f"<section><h2>{esc(result.heading or name)}</h2><div class=\"row\">{figure}{summary}</div>"
@@ -277,7 +279,9 @@ def analyze(
         device: the device the model is on, as a check; lens_bias does not move models.
         progress: show a tqdm progress bar.
         sections: which sections to compute (default: every one in ``SECTIONS`` that can run on the model; the
-            others are listed in ``report.skipped`` with the reason).
+            others are listed in ``report.skipped`` with the reason), and which extra views (``VIEWS``: "sink_heads",
+            the attention of the strongest sink heads on one sequence, drawn for a trained model by default). Only
+            the passes of what is named run.
         ablations: also run :func:`lens_bias.ablate` on the same inputs (one more pass per condition).
         attribution: also run :func:`lens_bias.analyses.sink_attribution.sink_attribution` on the same token inputs
             (two passes per condition; its odd sequences calibrate, its even ones are measured); its verdicts join
@@ -296,10 +300,13 @@ def analyze(
         if regime not in REGIMES:
             raise LensBiasError(f"regime must be one of {REGIMES}, got {regime!r}")
         adapter.info = dataclasses.replace(adapter.info, regime=regime)
-    names = list(SECTIONS) if sections is None else list(sections)
+    names = list(SECTIONS) if sections is None else [s for s in sections if s not in VIEWS]
     unknown = [s for s in names if s not in SECTIONS]
     if unknown:
-        raise LensBiasError(f"unknown section(s) {unknown}; choose from {list(SECTIONS)}")
+        raise LensBiasError(f"unknown section(s) {unknown}; choose from {list(SECTIONS)} and the views {list(VIEWS)}")
+    views = list(VIEWS) if sections is None else [v for v in VIEWS if v in sections]
+    if "sink_heads" in views and sections is not None and "sinks" not in names:
+        raise LensBiasError("the sink_heads view shows the heads the sinks section ranks: ask for sections=[..., 'sinks', 'sink_heads']")
     names.sort(key=lambda s: SECTIONS[s].place(adapter.info.regime))
     analyses = [SECTIONS[s]() for s in names]
     skipped: dict[str, str] = {}
@@ -325,6 +332,7 @@ def analyze(
         results["sink_attribution"] = attribution
     elif attribution:
         results["sink_attribution"] = sink_attribution(model, tokens, batch_size=batch_size, progress=progress)
-    if adapter.info.regime == "trained" and "sinks" in results and tokens is not None and not interventions:
+    # the view's own pass of one sequence runs where it was asked for (by default: a whole report), on the unedited model
+    if "sink_heads" in views and adapter.info.regime == "trained" and "sinks" in results and tokens is not None and not interventions:
         results["sink_heads"] = _sink_heads(model, tokens, results)
     return BiasReport(model=adapter.info, inputs=spec, sections=results, interventions=records, skipped=skipped)

@@ -30,7 +30,7 @@ from torch import Tensor
 from lens_bias.core import distributed as distributed_run
 from lens_bias.core import offload, tl
 from lens_bias.core.adapter import NORMALIZED, ModelAdapter, last_position
-from lens_bias.core.errors import LensBiasError
+from lens_bias.core.errors import LensBiasError, WrongType
 from lens_bias.core.files import atomic_save, load_torch_file
 from lens_bias.core.inputs import (
     Inputs,
@@ -196,7 +196,7 @@ def fingerprint(
     elif isinstance(inputs, (Tensor, RandomTokens, RandomEmbeddings)):
         vocab = info.d_vocab  # explicit token IDs are checked against the model's vocabulary
     else:
-        raise TypeError(f"inputs must be 'tokens', 'embeddings', a tensor, RandomTokens or RandomEmbeddings, got {type(inputs).__name__}")
+        raise WrongType(f"inputs must be 'tokens', 'embeddings', a tensor, RandomTokens or RandomEmbeddings, got {type(inputs).__name__}")
     std = embed_std if embed_std is not None else (spec.init_std if spec is not None else DEFAULT_EMBED_STD)
     data, given = resolve_inputs(inputs, model=model, d_vocab=vocab, n_sequences=n, seq_len=seq_len, seed=seed, embed_std=std)
     # drawn inputs record what regenerate_inputs needs to draw them again; the user's own tensor only its digest
@@ -271,7 +271,7 @@ def as_features(x: FeaturesLike, name: str, align: str | None = None) -> Float[T
         if not torch.isfinite(x.sum(dim=0)).all() and not torch.isfinite(x).all():
             raise LensBiasError(f"{name} holds NaN/inf features; fingerprint the model in float32 or bfloat16, or check its weights")
         return x.detach().float().cpu()
-    raise TypeError(f"{name} must be a Fingerprint or a float [N, D] array/tensor, got {type(x).__name__}")
+    raise WrongType(f"{name} must be a Fingerprint or a float [N, D] array/tensor, got {type(x).__name__}")
 
 
 def check_compatible(a: FeaturesLike, b: FeaturesLike, fa: Tensor, fb: Tensor) -> None:

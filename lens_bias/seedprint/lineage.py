@@ -27,7 +27,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from lens_bias.core.adapter import ModelAdapter
-from lens_bias.core.errors import LensBiasError
+from lens_bias.core.errors import LensBiasError, WrongType
 from lens_bias.seedprint.align import ALIGN_MODES, FIT_FRACTION
 from lens_bias.seedprint.fingerprints import (
     FeaturesLike,
@@ -201,7 +201,7 @@ def compare(model_a: Any, model_b: Any, *, progress: bool = True, **keywords: An
     """
     unknown = sorted(set(keywords) - set(_FINGERPRINT_KEYWORDS) - set(_TEST_KEYWORDS))
     if unknown:
-        raise TypeError(f"compare() got unexpected keyword(s) {unknown}; it takes those of fingerprint {_FINGERPRINT_KEYWORDS} and lineage_test {_TEST_KEYWORDS}")
+        raise WrongType(f"compare() got unexpected keyword(s) {unknown}; it takes those of fingerprint {_FINGERPRINT_KEYWORDS} and lineage_test {_TEST_KEYWORDS}")
     info_a, info_b = ModelAdapter(model_a).info, ModelAdapter(model_b).info
     if info_a.d_model != info_b.d_model:
         raise LensBiasError(f"different widths cannot share an init (d_model {info_a.d_model} vs {info_b.d_model}); SeedPrint compares models of one width")

@@ -35,7 +35,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from lens_bias.core import memory
-from lens_bias.core.errors import LensBiasError
+from lens_bias.core.errors import LensBiasError, WrongType
 from lens_bias.core.registry import Registry
 from lens_bias.core.stats import kendall_tau_b
 from lens_bias.models import ModelSpec, random_init, redraw
@@ -275,7 +275,7 @@ class SeedsNull(Null):
         if self.fingerprints is not None:
             prints = tuple(self.fingerprints)
             if not all(isinstance(f, Fingerprint) for f in prints):
-                raise TypeError("SeedsNull(fingerprints=...) takes Fingerprint objects (lens_bias.seedprint.fingerprint)")
+                raise WrongType("SeedsNull(fingerprints=...) takes Fingerprint objects (lens_bias.seedprint.fingerprint)")
             object.__setattr__(self, "fingerprints", prints)  # frozen: a tuple, so the null cannot change under a result
         elif self.n_null < 3:
             raise LensBiasError(f"the seeds null needs n_null >= 3 fresh inits, got {self.n_null}")
