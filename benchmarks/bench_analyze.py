@@ -12,10 +12,10 @@ from __future__ import annotations
 import argparse
 
 import torch
+from _timing import timed
 
 import lens_bias
-from _timing import timed
-from lens_bias import ModelAdapter
+from lens_bias.extend import ModelAdapter
 
 
 def main() -> None:

@@ -45,7 +45,7 @@ def child(arch: str, d: int, layers: int, heads: int, vocab: int, seq: int, batc
     from lens_bias.core import memory
 
     model = lens_bias.random_init(arch, d_model=d, n_layers=layers, n_heads=heads, d_vocab=vocab, n_ctx=max(seq, 16), device=device)
-    info = lens_bias.ModelAdapter(model).info
+    info = lens_bias.extend.ModelAdapter(model).info
     tokens = lens_bias.random_tokens(batch, seq, vocab)
     lens_bias.analyze(model, inputs=tokens[:2, :16], progress=False)  # warm-up: kernels, lazy imports, hook wiring
     if device.startswith("cuda"):

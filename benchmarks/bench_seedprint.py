@@ -27,12 +27,12 @@ import time
 
 import numpy as np
 import torch
+from _timing import timed
 from scipy.stats import kendalltau
 
 import lens_bias
-from _timing import timed
-from lens_bias import ModelAdapter
 from lens_bias.core.stats import kendall_tau_b
+from lens_bias.extend import ModelAdapter
 from lens_bias.seedprint import fingerprint, lineage_test
 
 TEMPERATURE = 10.0  # lineage_test's default

@@ -166,7 +166,7 @@ def _finite(report: Any) -> None:
 
 def _fingerprint(model: Any) -> str:
     fp = lens_bias.fingerprint(model, inputs=TOKENS, progress=False)
-    logits = lens_bias.ModelAdapter(model).unembed(fp.features).double()
+    logits = lens_bias.extend.ModelAdapter(model).unembed(fp.features).double()
     gap = float((logits - _own_last_logits(model, TOKENS)).abs().max())
     assert gap < 1e-3, f"the fingerprint's features are not the state the model unembeds (logits off by {gap:.3g})"
     return "ok"
@@ -222,7 +222,7 @@ def _attention_rows(model: Any) -> str:
                                                 for layer in range(n_layers)])
     low, high = min(s.min().item() for s in sums), max(s.max().item() for s in sums)
     assert high < 1 + 1e-4, f"attention rows sum to up to {high}"
-    if lens_bias.ModelAdapter(model).info.learned_sinks:
+    if lens_bias.extend.ModelAdapter(model).info.learned_sinks:
         assert low < 1 - 1e-3, f"a declared learned sink that takes nothing: rows sum to at least {low}"
         return f"learned sink: {low:.2f}–{high:.2f}"
     assert low > 1 - 1e-4, f"rows sum to as little as {low} without a declared sink"
@@ -232,7 +232,7 @@ def _attention_rows(model: Any) -> str:
 def _sliding_layers(model: Any) -> str:
     from lens_bias.core.attention_layout import describe_windows
 
-    return describe_windows(lens_bias.ModelAdapter(model).windows) or "none"
+    return describe_windows(lens_bias.extend.ModelAdapter(model).windows) or "none"
 
 
 def _acts(intervention: Any) -> Callable[[Any], str]:
@@ -261,7 +261,7 @@ FACTS: dict[str, Callable[[Any], str]] = {"attention rows sum to": _attention_ro
 CELLS: dict[str, Callable[[Any], str]] = {
     **FACTS,
     "analyze": _analyze,
-    **{f"section {name}": _section(name) for name in lens_bias.SECTIONS},
+    **{f"section {name}": _section(name) for name in lens_bias.extend.SECTIONS},
     "fingerprint": _fingerprint,
     "compare": _compare,
     "sink_attribution": _sink_attribution,
@@ -294,7 +294,7 @@ def run_row(row: str) -> Row:
             return Row(row, {}, _one_line(err))
         w_out = getattr(getattr(model.blocks[0], "mlp", None), "W_out", None)
         if isinstance(w_out, torch.Tensor):  # facts from the weights, not the config (TL 4.3's OPT cfg.d_mlp is twice W_out's)
-            assert lens_bias.ModelAdapter(model).info.d_mlp == w_out.shape[0], (row, w_out.shape)
+            assert lens_bias.extend.ModelAdapter(model).info.d_mlp == w_out.shape[0], (row, w_out.shape)
         weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
         with torch.no_grad():
             model(TOKENS[:1])  # TL 4 bridges wire their own capture hooks on the first forward

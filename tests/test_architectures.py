@@ -67,7 +67,7 @@ def test_the_matrix_has_a_column_per_public_function():
     from lens_bias.hooks.base import INTERVENTIONS
 
     columns = set(CELLS)
-    assert {f"section {s}" for s in lens_bias.SECTIONS} <= columns
+    assert {f"section {s}" for s in lens_bias.extend.SECTIONS} <= columns
     assert {f"intervention {name}" for name in INTERVENTIONS} - {"intervention Compose", "intervention RemoveWeights"} <= columns
 
 

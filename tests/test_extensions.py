@@ -8,6 +8,7 @@ import contextlib
 import importlib.util
 import io
 import json
+import pathlib
 import sys
 import textwrap
 
@@ -22,60 +23,16 @@ from lens_bias.experiments.base import EXPERIMENTS
 
 from .conftest import shared_tiny
 
-ANALYSIS = '''
-"""The mean residual norm after every block: a report section in one file."""
-from dataclasses import dataclass
-from typing import Any, ClassVar
-
-import pandas as pd
-import torch
-
-from lens_bias.analyses.base import Analysis, Result
-from lens_bias.core.adapter import Probe
-from lens_bias.core.figures import new_figure
+CONTRIBUTING = pathlib.Path(__file__).parents[1] / "docs" / "contributing.md"
 
 
-def norm_sum(x):  # [batch, pos, d] -> []: summed over the batch inside the hook
-    return x.norm(dim=-1).mean(dim=1).sum()
+def _walkthrough(heading: str) -> str:
+    """The first python block under ``heading`` in the contributing guide: the walk-through runs as it is written."""
+    text = CONTRIBUTING.read_text().split(f"\n{heading}\n", 1)[1]
+    return text.split("```python\n", 1)[1].split("\n```", 1)[0]
 
 
-@dataclass
-class ResidNormResult(Result):
-    norms: torch.Tensor  # [layer]
-
-    heading = "Residual norm"
-    headline_labels = {"final_norm": "mean ‖h‖, last block"}
-    plot_caption = "mean ‖h‖ per layer"
-
-    def to_pandas(self):
-        return pd.DataFrame({"layer": range(len(self.norms)), "norm": self.norms.tolist()})
-
-    def headline(self):
-        return {"final_norm": self.norms[-1].item()}
-
-    def summary(self):
-        return "residual norm per block: " + ", ".join(f"{v:.3f}" for v in self.norms.tolist())
-
-    def plot(self) -> Any:
-        fig = new_figure()
-        fig.subplots().plot(self.norms.numpy(), marker="o")
-        return fig
-
-
-@dataclass(frozen=True)
-class ResidNorm(Analysis):
-    name: ClassVar[str] = "resid_norm"
-    result_type = ResidNormResult
-
-    def applies_to(self, info):
-        return not info.attn_only
-
-    def probes(self, adapter):
-        return {layer: Probe(f"blocks.{layer}.hook_resid_post", "mean_norm_sum", norm_sum, combine="sum") for layer in range(adapter.info.n_layers)}
-
-    def finalize(self, adapter, kept, spec):
-        return ResidNormResult(norms=torch.stack([kept[layer] / spec.n for layer in range(adapter.info.n_layers)]).float())
-'''
+ANALYSIS = _walkthrough("## Add an analysis")
 
 NULL = '''
 """A null that judges τ̄ against a fixed normal N(0, sd²): a SeedPrint null in one file."""
@@ -240,3 +197,14 @@ def test_each_registry_refuses_a_taken_name():
     with pytest.raises(LensBiasError, match="sets no result_type"):
         type("Untyped", (Analysis,), {"name": "untyped"})
     assert before == (dict(SECTIONS), dict(seedprint.NULLS), dict(EXPERIMENTS), dict(INTERVENTIONS), dict(ARCHITECTURES))
+
+
+def test_the_root_holds_what_a_user_calls_and_extend_the_plumbing():
+    import lens_bias.extend
+
+    plumbing = {"ModelAdapter", "ModelInfo", "Probe", "Analysis", "Result", "run_analyses", "SECTIONS", "InputSpec"}
+    assert not plumbing & set(lens_bias.__all__) and plumbing <= set(lens_bias.extend.__all__)
+    with pytest.warns(DeprecationWarning, match="use lens_bias.extend.ModelAdapter"):
+        assert lens_bias.ModelAdapter is lens_bias.extend.ModelAdapter
+    with pytest.raises(AttributeError):
+        lens_bias.no_such_name  # noqa: B018

@@ -158,7 +158,7 @@ INTERVENTIONS = st.sampled_from([
 def test_interventions(model, make, layers, n, seq_len, batch_size):
     try:
         edits = [f(layers) for f in make]
-        kept = lens_bias.ModelAdapter(model[0]).collect(
+        kept = lens_bias.extend.ModelAdapter(model[0]).collect(
             lens_bias.random_tokens(n, seq_len, V), [last_position("ln_final.hook_normalized")], batch_size=batch_size,
             hooks=lens_bias.hooks.edit_hooks(model[0], edits), progress=False,
         )

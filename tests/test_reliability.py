@@ -120,7 +120,7 @@ def test_debug_shows_the_traceback():
 
 
 def test_guard_refuses_one_sequence_that_cannot_fit_and_names_the_longest_that_does(model):
-    info = lens_bias.ModelAdapter(model).info
+    info = lens_bias.extend.ModelAdapter(model).info
     one = memory.forward_bytes(seq_len=16, d_model=32, n_heads=4, d_mlp=info.d_mlp, d_vocab=100, family=info.family)
     with pytest.raises(LensBiasError, match=r"pass seq_len <= (\d+)") as caught:
         memory.plan_batch(info, n=10, seq_len=16, dtype=torch.float32, device="cpu", available=int(one * 1.5))  # budget 0.75 × one
@@ -130,7 +130,7 @@ def test_guard_refuses_one_sequence_that_cannot_fit_and_names_the_longest_that_d
 
 
 def test_guard_picks_the_batch_from_free_memory_and_checks_the_callers(model):
-    info = lens_bias.ModelAdapter(model).info
+    info = lens_bias.extend.ModelAdapter(model).info
     one = memory.forward_bytes(seq_len=16, d_model=32, n_heads=4, d_mlp=info.d_mlp, d_vocab=100, family=info.family)
     plan = lambda free, **kw: memory.plan_batch(info, n=10**6, seq_len=16, dtype=torch.float32, device="cpu", available=free, **kw)
     assert plan(int(one * 2 * 7.5)) == 7  # half the free memory, 7.5 sequences' worth -> 7
@@ -156,7 +156,7 @@ def test_analyze_refuses_before_running_when_memory_is_short(model, monkeypatch)
 
 def test_probes_that_keep_too_much_are_refused_after_the_first_batch(model, monkeypatch):
     full = Probe("blocks.0.hook_resid_post", "all", lambda x: x)  # keeps [batch, 16, 32] floats: 2 KiB a sequence
-    adapter = lens_bias.ModelAdapter(model)
+    adapter = lens_bias.extend.ModelAdapter(model)
     tokens = lens_bias.random_tokens(2000, 16, 100)
     monkeypatch.setattr(memory, "available_bytes", lambda device=None: 2 * 2**20)  # 1 MiB usable: batches of 8 fit
     with pytest.raises(LensBiasError, match="pass at most 512 sequences"):  # 2 KiB each, written into one [n, 16, 32] tensor
@@ -197,7 +197,7 @@ def test_nan_inside_the_model_names_the_first_hook_where_it_appeared(model):
 
     before, hooks = state_copy(model), warmed_snapshot(model)
     with pytest.raises(LensBiasError, match=r"NaN/inf first appeared at hook blocks\.1\.\S+ \(sequences 0-3\)"):
-        lens_bias.ModelAdapter(model).collect(
+        lens_bias.extend.ModelAdapter(model).collect(
             lens_bias.random_tokens(8, 8, 100), [last_position(f"blocks.{layer}.hook_resid_post") for layer in (0, 1)],
             batch_size=4, hooks=[("blocks.1.hook_resid_mid", poison)], progress=False)
     assert hook_snapshot(model) == hooks
@@ -248,7 +248,7 @@ def test_interrupted_analyze_and_fingerprint_leave_the_model_unchanged(model, ex
             raise exc("stop")
 
     with pytest.raises(exc):
-        lens_bias.ModelAdapter(model).collect(lens_bias.random_tokens(8, 8, 100), [last_position("ln_final.hook_normalized")],
+        lens_bias.extend.ModelAdapter(model).collect(lens_bias.random_tokens(8, 8, 100), [last_position("ln_final.hook_normalized")],
                                               batch_size=4, hooks=[("blocks.0.hook_resid_mid", boom)], progress=False)
     assert model.training
     model.eval()
@@ -270,7 +270,7 @@ def test_every_intervention_interrupted_leaves_the_model_unchanged(model, iv):
             raise KeyboardInterrupt
     tokens = lens_bias.random_tokens(4, 8, 100)
     with pytest.raises(KeyboardInterrupt):
-        lens_bias.ModelAdapter(model).collect(tokens, [last_position("ln_final.hook_normalized")], batch_size=2,
+        lens_bias.extend.ModelAdapter(model).collect(tokens, [last_position("ln_final.hook_normalized")], batch_size=2,
                                               hooks=H.edit_hooks(model, [iv, ("blocks.1.hook_resid_post", _interrupt_on_call(2))]), progress=False)
     assert hook_snapshot(model) == hooks
     assert_same_state(model, before)

@@ -27,7 +27,7 @@ def test_contraction_equals_direct_computation(arch):
     table = lens_bias.analyze(model, inputs=tokens, batch_size=4, progress=False).contraction.to_pandas()
     _, cache = model.run_with_cache(tokens)
     hooks = ["blocks.0.hook_resid_pre", "blocks.0.hook_resid_post", "blocks.1.hook_resid_post"]
-    assert list(table.hook) == hooks + [lens_bias.ModelAdapter(model).readout_hook] and list(table.layer) == ["embed", "0", "1", "final"]
+    assert list(table.hook) == hooks + [lens_bias.extend.ModelAdapter(model).readout_hook] and list(table.layer) == ["embed", "0", "1", "final"]
     states = [cache[hook] for hook in hooks] + [final_state(model, cache[hooks[-1]])]  # the final row: what the model unembeds
     final_u = torch.nn.functional.normalize(states[-1][:, -1].double(), dim=-1)
     seed = torch.nn.functional.normalize(final_u.mean(0), dim=0)
@@ -46,9 +46,9 @@ def test_decomposition_equals_direct_computation(positions):
 
     model = trained_tiny("llama", act_fn="relu")
     tokens = random_tokens(9, 7, 97, seed=5)
-    adapter = lens_bias.ModelAdapter(model)
-    spec = lens_bias.InputSpec("tokens", 9, 7, 5, 97)
-    result = lens_bias.run_analyses(adapter, tokens, spec, [Decomposition(positions=positions)], batch_size=4, progress=False)["decomposition"]
+    adapter = lens_bias.extend.ModelAdapter(model)
+    spec = lens_bias.extend.InputSpec("tokens", 9, 7, 5, 97)
+    result = lens_bias.extend.run_analyses(adapter, tokens, spec, [Decomposition(positions=positions)], batch_size=4, progress=False)["decomposition"]
     _, cache = model.run_with_cache(tokens)
     final_u = torch.nn.functional.normalize(final_state(model, cache["blocks.1.hook_resid_post"])[:, -1].double(), dim=-1)
     seed = torch.nn.functional.normalize(final_u.mean(0), dim=0)

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 import lens_bias
-from lens_bias import ModelAdapter
 from lens_bias.analyses.decomposition import Decomposition
 from lens_bias.core.adapter import last_position
 from lens_bias.core.stats import mean_pairwise_cosine
+from lens_bias.extend import ModelAdapter
 from lens_bias.hooks import ZeroSublayer
 
 N, T = 256, 64
@@ -84,7 +84,7 @@ def test_activation_sweep_orders_by_activation_mean():
 @pytest.mark.parametrize("positions", ["last", "all"])
 def test_decomposition_adds_up_and_puts_the_shared_energy_in_the_mlps(positions):
     model = gpt(256, 4)
-    result = lens_bias.run_analyses(
+    result = lens_bias.extend.run_analyses(
         ModelAdapter(model), *_tokens(), [Decomposition(positions=positions)], progress=False
     )["decomposition"]
     assert result.reconstruction_error < 1e-4
@@ -97,7 +97,7 @@ def test_decomposition_adds_up_and_puts_the_shared_energy_in_the_mlps(positions)
 
 def test_attention_only_stream_has_no_shared_part():
     model = lens_bias.random_init("gpt2", d_model=256, n_layers=4, n_heads=8, d_vocab=8000, n_ctx=128, attn_only=True, positional_embedding="rotary")
-    result = lens_bias.run_analyses(ModelAdapter(model), *_tokens(), [Decomposition()], progress=False)["decomposition"]
+    result = lens_bias.extend.run_analyses(ModelAdapter(model), *_tokens(), [Decomposition()], progress=False)["decomposition"]
     assert result.reconstruction_error < 1e-4
     # sampling floor: the mean of N independent vectors keeps 1/N of their energy (0.004 at N 256)
     assert torch.all(result.shared_fraction < 0.05)
@@ -105,4 +105,4 @@ def test_attention_only_stream_has_no_shared_part():
 
 def _tokens():
     tokens = lens_bias.random_tokens(N, T, 8000)
-    return tokens, lens_bias.InputSpec("tokens", N, T, 42, 8000)
+    return tokens, lens_bias.extend.InputSpec("tokens", N, T, 42, 8000)

@@ -171,7 +171,7 @@ def test_sink_rate_equals_a_hand_count():
 @pytest.mark.parametrize("arch", ARCHS)
 def test_sinks_analysis_equals_the_metric_on_cached_patterns(arch):
     model = tiny(arch)
-    adapter = lens_bias.ModelAdapter(model)
+    adapter = lens_bias.extend.ModelAdapter(model)
     spec = InputSpec(kind="tokens", n=6, seq_len=12, seed=5)
     result = run_analyses(adapter, TOKENS, spec, [Sinks(eps=0.1)], batch_size=4, progress=False)["sinks"]
     cache = cached(model, MaskToSelf(position=4))  # any edit: the probe must see what the model used
@@ -195,7 +195,7 @@ def test_sinks_analysis_equals_the_metric_on_cached_patterns(arch):
 
 
 def _positional(model, *interventions, n=512, seq_len=64, seed=0):
-    adapter = lens_bias.ModelAdapter(model)
+    adapter = lens_bias.extend.ModelAdapter(model)
     tokens = lens_bias.random_tokens(n, seq_len, adapter.info.d_vocab, seed=seed)
     spec = InputSpec(kind="tokens", n=n, seq_len=seq_len, seed=seed)
     hooks = [h for iv in interventions for h in iv.fwd_hooks(model)]
@@ -246,7 +246,7 @@ def test_super_neurons_find_a_planted_unit():
     # plant a unit that fires only on token 7 at position 0 ...
     tokens = lens_bias.random_tokens(32, 12, 97, seed=3)
     tokens[:, 0] = 7
-    adapter = lens_bias.ModelAdapter(model)
+    adapter = lens_bias.extend.ModelAdapter(model)
     spec = InputSpec(kind="tokens", n=32, seq_len=12, seed=3)
 
     def plant(x, hook):  # mlp.hook_post [batch, pos, d_mlp]

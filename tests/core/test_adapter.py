@@ -7,8 +7,9 @@ import pytest
 import torch
 
 import lens_bias
-from lens_bias import LensBiasError, ModelAdapter, Probe, random_tokens
+from lens_bias import LensBiasError, random_tokens
 from lens_bias.core.adapter import last_position
+from lens_bias.extend import ModelAdapter, Probe
 
 from ..conftest import BACKEND, assert_same_state, hook_snapshot, shared_tiny, state_copy, tiny, warmed_snapshot
 
@@ -19,7 +20,7 @@ def test_info_reads_the_config():
     info = ModelAdapter(tiny("llama", d_model=64, n_layers=3, n_heads=2, d_vocab=50, n_ctx=20)).info
     assert (info.n_layers, info.d_model, info.n_heads, info.d_head, info.d_vocab, info.n_ctx) == (3, 64, 2, 32, 50, 20)
     assert info.family == BACKEND and info.device == "cpu" and info.dtype == "float32"
-    assert lens_bias.ModelInfo.from_dict(info.to_dict()) == info
+    assert lens_bias.extend.ModelInfo.from_dict(info.to_dict()) == info
 
 
 def test_probes_keep_only_what_they_reduce_to_and_match_the_cache():
@@ -180,6 +181,6 @@ def test_kept_values_do_not_hold_their_batch_activation_alive():
         return x[:, -1]
 
     model = shared_tiny("gpt2")
-    kept = lens_bias.ModelAdapter(model).collect(lens_bias.random_tokens(12, 8, 97), [Probe("blocks.0.hook_resid_post", "last_view", last)],
+    kept = lens_bias.extend.ModelAdapter(model).collect(lens_bias.random_tokens(12, 8, 97), [Probe("blocks.0.hook_resid_post", "last_view", last)],
                                                  batch_size=4, progress=False)
     assert alive_before == [0, 0, 0] and kept["blocks.0.hook_resid_post:last_view"].shape == (12, 64)

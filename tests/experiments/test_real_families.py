@@ -44,7 +44,7 @@ def test_loads_by_name_and_computes_the_models_own_logits(family):
     name, model, hf, tokenizer = family
     assert [source for source, s in SOURCES.items() if s.matches(name)][0] == "shipped"
     # a report names the model by its published name, not its GGUF file's general.name (Qwen's says "AWQ", a quantisation it is not)
-    assert lens_bias.ModelAdapter(model).info.name == {"gemma-3-270m": "Gemma 3 270M", "qwen2.5-coder-0.5b-instruct": "Qwen2.5-Coder-0.5B-Instruct",
+    assert lens_bias.extend.ModelAdapter(model).info.name == {"gemma-3-270m": "Gemma 3 270M", "qwen2.5-coder-0.5b-instruct": "Qwen2.5-Coder-0.5B-Instruct",
                                                        "qwen2.5-coder-1.5b-instruct": "Qwen2.5-Coder-1.5B-Instruct"}.get(name)
     assert type(model).__name__ == ("TransformerBridge" if BACKEND == "bridge" else "HookedTransformer")
     assert (model.cfg.n_layers, model.cfg.d_model) == (hf.config.num_hidden_layers, hf.config.hidden_size)
@@ -125,7 +125,7 @@ def test_sliding_layers_over_an_input_longer_than_gemmas_window(family):
     Sink_0 there averages α over the 512 queries that can see key 0. Qwen2.5 slides nowhere."""
     name, model, hf, tokenizer = family
     tokens = text_tokens(tokenizer, 2, 600, bos=True, seed=3)
-    windows = lens_bias.ModelAdapter(model).windows
+    windows = lens_bias.extend.ModelAdapter(model).windows
     assert windows == tuple(512 if t == "sliding_attention" else None for t in hf.config.layer_types) if name.startswith("gemma") \
         else all(w is None for w in windows)
     result = lens_bias.analyze(model, inputs=tokens, sections=["sinks"], progress=False).sinks

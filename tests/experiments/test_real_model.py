@@ -33,7 +33,7 @@ def test_logits_equal_the_hugging_face_model(smollm2, smollm2_hf):
     assert tokenizer.decode(ours[0, -1].argmax()) == " Paris"
     assert smollm2.cfg.n_layers == 30 and smollm2.cfg.d_model == 576 and smollm2.tokenizer is tokenizer
     assert type(smollm2).__name__ == ("TransformerBridge" if BACKEND == "bridge" else "HookedTransformer")
-    assert lens_bias.ModelAdapter(smollm2).info.name == "SmolLM2-135M-Instruct"  # its published name
+    assert lens_bias.extend.ModelAdapter(smollm2).info.name == "SmolLM2-135M-Instruct"  # its published name
     # a GGUF file loaded by path is named by its own general.name
     assert huggingface._check_gguf(lens_bias.models.shipped_gguf())[1] == "Smollm2 135M 8k Lc100K Mix1 Ep2"
 
@@ -52,7 +52,7 @@ def test_readouts_are_the_models_own(smollm2, smollm2_hf):
     assert torch.equal(report.token_preference.argmax_counts, torch.bincount(out.logits[:, -1].argmax(-1), minlength=p_bar.numel()))
     last_hidden = out.hidden_states[-1][:, -1]  # Hugging Face's last_hidden_state: after the final norm and its gain
     assert (fp.features - last_hidden).abs().max().item() < 1e-3 * last_hidden.abs().max().item()
-    assert (lens_bias.ModelAdapter(smollm2).unembed(fp.features) - out.logits[:, -1]).abs().max().item() < 1e-3
+    assert (lens_bias.extend.ModelAdapter(smollm2).unembed(fp.features) - out.logits[:, -1]).abs().max().item() < 1e-3
     assert torch.allclose(fp.normalized.norm(dim=-1), torch.full((8,), 24.0), rtol=1e-3)
 
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import lens_bias
-from lens_bias import LensBiasError, ModelAdapter
+from lens_bias import LensBiasError
+from lens_bias.extend import ModelAdapter
 from lens_bias.models import ModelSpec
 
 from ..conftest import BACKEND, tiny
@@ -127,16 +128,16 @@ def test_every_source_records_the_regime(tmp_path):
     from lens_bias.training import TokenData, train
 
     model = tiny("llama", d_vocab=300, n_ctx=16)
-    assert lens_bias.ModelAdapter(model).info.regime == "init"
+    assert lens_bias.extend.ModelAdapter(model).info.regime == "init"
     save_checkpoint(model, tmp_path / "init.pt")
-    assert lens_bias.ModelAdapter(load_checkpoint(tmp_path / "init.pt")).info.regime == "init"
+    assert lens_bias.extend.ModelAdapter(load_checkpoint(tmp_path / "init.pt")).info.regime == "init"
     data = TokenData.build(Corpus("tiny", ("the quick brown fox jumps over the lazy dog " * 40,) * 30), vocab_size=300, seq_len=8, cache=tmp_path)
     train(model, data, steps=1, batch_size=2, progress=False)
-    assert lens_bias.ModelAdapter(model).info.regime == "trained"
+    assert lens_bias.extend.ModelAdapter(model).info.regime == "trained"
     save_checkpoint(model, tmp_path / "trained.pt")
-    assert lens_bias.ModelAdapter(load_checkpoint(tmp_path / "trained.pt")).info.regime == "trained"
-    assert lens_bias.ModelAdapter(redraw(model, 3)).info.regime == "init"
+    assert lens_bias.extend.ModelAdapter(load_checkpoint(tmp_path / "trained.pt")).info.regime == "trained"
+    assert lens_bias.extend.ModelAdapter(redraw(model, 3)).info.regime == "init"
     from transformers import LlamaConfig, LlamaForCausalLM
 
     hf = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, vocab_size=50))
-    assert lens_bias.ModelAdapter(lens_bias.from_hf(hf)).info.regime == "trained"
+    assert lens_bias.extend.ModelAdapter(lens_bias.from_hf(hf)).info.regime == "trained"

@@ -20,7 +20,7 @@ def test_analyze_report_and_model_left_unchanged(arch):
     assert hook_snapshot(model) == before_hooks
     assert_same_state(model, before_state)
     assert report.model.family == BACKEND
-    assert report.inputs == lens_bias.InputSpec("tokens", 12, 8, 42, 97)
+    assert report.inputs == lens_bias.extend.InputSpec("tokens", 12, 8, 42, 97)
     assert isinstance(report.token_preference.to_pandas(), pd.DataFrame)
     assert len(report.token_preference.to_pandas()) == 20
     assert len(report.contraction.to_pandas()) == 2 + 2  # embed, 2 blocks, final

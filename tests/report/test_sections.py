@@ -9,8 +9,9 @@ import pytest
 import torch
 
 import lens_bias
-from lens_bias import SECTIONS, BiasReport, LensBiasError, Result
+from lens_bias import BiasReport, LensBiasError
 from lens_bias.core.serialise import from_jsonable, to_jsonable
+from lens_bias.extend import SECTIONS, Result
 
 from ..conftest import shared_tiny
 

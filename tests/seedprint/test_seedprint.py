@@ -216,7 +216,7 @@ def test_fingerprint_reads_what_the_model_unembeds_and_the_norm_before_its_gain(
     assert fp.features.dtype == torch.float32 and fp.features.device.type == "cpu"
     # the published features: the state the model unembeds, so its head maps them to the model's own logits
     assert torch.allclose(fp.features, final_state(model, cache["blocks.1.hook_resid_post"])[:, -1], atol=1e-5)
-    assert torch.allclose(lens_bias.ModelAdapter(model).unembed(fp.features), logits[:, -1], atol=1e-4)
+    assert torch.allclose(lens_bias.extend.ModelAdapter(model).unembed(fp.features), logits[:, -1], atol=1e-4)
     # beside them, the final norm before its gain, which the aligned tests compare
     assert torch.allclose(fp.normalized, cache["ln_final.hook_normalized"][:, -1], atol=1e-6)
     assert not torch.allclose(fp.features, fp.normalized, atol=1e-2)
