@@ -18,9 +18,11 @@ import pandas as pd
 from jaxtyping import Int
 from torch import Tensor
 
-from lens_bias.core.adapter import ModelAdapter, ModelInfo, Probe
+from lens_bias.core.adapter import ModelAdapter
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.inputs import Inputs, InputSpec
+from lens_bias.core.model_facts import ModelInfo
+from lens_bias.core.probes import Probe
 from lens_bias.core.registry import Registry
 from lens_bias.core.serialise import Serialisable
 from lens_bias.hooks.base import edit_hooks, fix_for_inputs

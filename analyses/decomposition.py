@@ -27,9 +27,10 @@ from jaxtyping import Float
 from torch import Tensor
 
 from lens_bias.analyses.base import Analysis, Result
-from lens_bias.core.adapter import ModelAdapter, Probe, last_unit_sum
+from lens_bias.core.adapter import ModelAdapter
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.inputs import InputSpec
+from lens_bias.core.probes import Probe, last_unit_sum
 from lens_bias.core.stats import unit
 
 __all__ = ["Decomposition", "DecompositionResult", "components"]

@@ -16,8 +16,9 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from lens_bias.analyses.base import Analysis, Result
-from lens_bias.core.adapter import ModelAdapter, Probe
+from lens_bias.core.adapter import ModelAdapter
 from lens_bias.core.inputs import InputSpec
+from lens_bias.core.probes import Probe
 from lens_bias.seedprint import identity_dims
 
 __all__ = ["FingerprintSection", "FingerprintSummary"]

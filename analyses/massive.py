@@ -34,10 +34,11 @@ from torch import Tensor
 
 from lens_bias.analyses.base import Analysis, Result, measure
 from lens_bias.analyses.perplexity import PerplexityTable, perplexity_table
-from lens_bias.core.adapter import ModelAdapter, Probe
+from lens_bias.core.adapter import ModelAdapter
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.figures import layer_axis, new_figure
 from lens_bias.core.inputs import InputSpec
+from lens_bias.core.probes import Probe
 from lens_bias.hooks import Compose, SetActivations
 
 __all__ = ["MassiveActivations", "massive_activations", "MassiveActivationsResult", "massive_ablation"]

@@ -28,8 +28,9 @@ from jaxtyping import Int
 from torch import Tensor
 
 from lens_bias.analyses.base import Result
-from lens_bias.core.adapter import ModelAdapter, Probe
+from lens_bias.core.adapter import ModelAdapter
 from lens_bias.core.errors import LensBiasError
+from lens_bias.core.probes import Probe
 
 __all__ = ["massive_writes", "MassiveWrites"]
 

@@ -22,8 +22,9 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from lens_bias.analyses.base import Result
-from lens_bias.core.adapter import ModelAdapter, on_device
+from lens_bias.core.adapter import ModelAdapter
 from lens_bias.core.errors import LensBiasError
+from lens_bias.core.probes import on_device
 from lens_bias.hooks import intervene
 from lens_bias.hooks.base import InterventionLike, fix_for_inputs
 

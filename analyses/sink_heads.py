@@ -23,8 +23,9 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from lens_bias.analyses.base import Result
-from lens_bias.core.adapter import ModelAdapter, Probe
+from lens_bias.core.adapter import ModelAdapter
 from lens_bias.core.errors import LensBiasError
+from lens_bias.core.probes import Probe
 from lens_bias.hooks.base import Intervention, edit_hooks
 
 __all__ = ["sink_heads", "SinkHeadsResult", "WINDOW", "N_HEADS"]

@@ -33,11 +33,12 @@ from jaxtyping import Float
 from torch import Tensor
 
 from lens_bias.analyses.base import Analysis, Result
-from lens_bias.core.adapter import ModelAdapter, Probe
+from lens_bias.core.adapter import ModelAdapter
 from lens_bias.core.attention_layout import describe_windows, visible_queries
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.figures import integer_ticks, new_figure
 from lens_bias.core.inputs import InputSpec
+from lens_bias.core.probes import Probe
 
 __all__ = ["Sinks", "SinksResult", "sink_rate", "key_importance", "learned_sink", "THRESHOLDS"]
 

@@ -24,10 +24,12 @@ from torch import Tensor
 
 from lens_bias.analyses.base import Analysis, Result, measure
 from lens_bias.analyses.super_weights import SPIKE, check_top_and_position
-from lens_bias.core.adapter import ModelAdapter, ModelInfo, Probe
+from lens_bias.core.adapter import ModelAdapter
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.experts import expert_activations, moe_layer, moe_layers, route
 from lens_bias.core.inputs import InputSpec
+from lens_bias.core.model_facts import ModelInfo
+from lens_bias.core.probes import Probe
 from lens_bias.hooks import RemoveWeight
 from lens_bias.hooks.base import InterventionLike
 

@@ -29,10 +29,12 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from lens_bias.analyses.base import Analysis, Result
-from lens_bias.core.adapter import ModelAdapter, ModelInfo, Probe
+from lens_bias.core.adapter import ModelAdapter
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.inputs import InputSpec
+from lens_bias.core.model_facts import ModelInfo
 from lens_bias.core.offload import read_weight
+from lens_bias.core.probes import Probe
 
 __all__ = ["SuperNeurons", "SuperNeuronsResult", "dominance_ratio"]
 

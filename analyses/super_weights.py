@@ -28,11 +28,13 @@ from torch import Tensor
 
 from lens_bias.analyses.base import Analysis, Result, measure
 from lens_bias.analyses.perplexity import PerplexityTable, perplexity_table
-from lens_bias.core.adapter import ModelAdapter, ModelInfo, Probe
+from lens_bias.core.adapter import ModelAdapter
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.figures import layer_axis, new_figure
 from lens_bias.core.inputs import InputSpec
+from lens_bias.core.model_facts import ModelInfo
 from lens_bias.core.offload import read_weight
+from lens_bias.core.probes import Probe
 from lens_bias.hooks import RemoveWeight, RemoveWeights
 from lens_bias.hooks.base import InterventionLike
 

@@ -21,9 +21,10 @@ from scipy.stats import kendalltau
 from torch import Tensor
 
 from lens_bias.analyses.base import Analysis, Result
-from lens_bias.core.adapter import ModelAdapter, Probe
+from lens_bias.core.adapter import ModelAdapter
 from lens_bias.core.figures import new_figure
 from lens_bias.core.inputs import InputSpec
+from lens_bias.core.probes import Probe
 
 __all__ = ["TokenPreference", "TokenPreferenceResult"]
 

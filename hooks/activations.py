@@ -20,8 +20,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lens_bias.core.adapter import FwdHook, ModelAdapter, on_device
+from lens_bias.core.adapter import ModelAdapter
 from lens_bias.core.errors import LensBiasError
+from lens_bias.core.probes import FwdHook, on_device
 from lens_bias.hooks.base import Intervention
 
 __all__ = ["SetActivations"]

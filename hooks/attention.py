@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lens_bias.core.adapter import FwdHook
+from lens_bias.core.probes import FwdHook
 from lens_bias.hooks.base import (
     Intervention,
     check_in_sequence,

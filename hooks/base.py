@@ -19,8 +19,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from typing import Any, Iterator, Mapping, Sequence, TypeVar, Union
 
-from lens_bias.core.adapter import READS, ROLE_ATTRIBUTE, FwdHook, HookFn, ModelAdapter, counting
+from lens_bias.core.adapter import ModelAdapter
 from lens_bias.core.errors import LensBiasError, WrongType
+from lens_bias.core.probes import READS, ROLE_ATTRIBUTE, FwdHook, HookFn, counting
 from lens_bias.core.registry import Registry
 
 __all__ = ["INTERVENTIONS", "Intervention", "Compose", "intervene", "as_hooks", "edit_hooks", "edit_records", "fix_for_inputs", "refusal", "reads", "replaces",

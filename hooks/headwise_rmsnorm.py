@@ -12,8 +12,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lens_bias.core.adapter import FwdHook
 from lens_bias.core.errors import LensBiasError
+from lens_bias.core.probes import FwdHook
 from lens_bias.hooks.base import Intervention
 
 __all__ = ["HeadwiseRMSNorm"]

@@ -14,8 +14,9 @@ from typing import Any
 
 from torch import Tensor
 
-from lens_bias.core.adapter import FwdHook, ModelAdapter
+from lens_bias.core.adapter import ModelAdapter
 from lens_bias.core.errors import LensBiasError
+from lens_bias.core.probes import FwdHook
 from lens_bias.hooks.base import Intervention
 
 __all__ = ["RemoveLearnedSinks"]

@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lens_bias.core.adapter import FwdHook
 from lens_bias.core.errors import LensBiasError, WrongType
+from lens_bias.core.probes import FwdHook
 from lens_bias.hooks.base import Intervention, reads, replaces
 
 __all__ = ["OddActivation", "MeanCenterMLP", "SwapActivation", "ACTIVATION_FUNCTIONS"]

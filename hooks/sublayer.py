@@ -13,8 +13,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lens_bias.core.adapter import FwdHook, ModelAdapter
+from lens_bias.core.adapter import ModelAdapter
 from lens_bias.core.errors import LensBiasError
+from lens_bias.core.probes import FwdHook
 from lens_bias.hooks.base import Intervention, replaces
 
 __all__ = ["ZeroSublayer", "ZeroOutputDims", "SubtractPositionEmbedding"]

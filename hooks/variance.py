@@ -20,9 +20,10 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
-from lens_bias.core.adapter import FwdHook, ModelAdapter, Probe, on_device
+from lens_bias.core.adapter import ModelAdapter
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.inputs import Inputs
+from lens_bias.core.probes import FwdHook, Probe, on_device
 from lens_bias.hooks.base import Intervention, check_in_sequence, check_position, edit_hooks
 
 __all__ = ["AmplifyVariance", "ScaleNorm"]

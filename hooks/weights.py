@@ -26,10 +26,11 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
-from lens_bias.core.adapter import FwdHook, ModelAdapter, on_device
+from lens_bias.core.adapter import ModelAdapter
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.experts import expert_activations, moe_layer, moe_layers, route
 from lens_bias.core.offload import read_weight
+from lens_bias.core.probes import FwdHook, on_device
 from lens_bias.hooks.base import Intervention, reads
 
 __all__ = ["RemoveWeight", "RemoveWeights"]

@@ -24,7 +24,7 @@ import lens_bias
 import lens_bias.hooks as H
 from lens_bias.cli import main
 from lens_bias.core import memory
-from lens_bias.core.adapter import last_position
+from lens_bias.core.probes import last_position
 from lens_bias.seedprint import Fingerprint
 
 from .conftest import assert_same_state, hook_snapshot, state_copy, tiny, warmed_snapshot

@@ -14,8 +14,8 @@ import lens_bias.hooks as H
 from lens_bias import LensBiasError
 from lens_bias.cli import main
 from lens_bias.core import memory
-from lens_bias.core.adapter import Probe, last_position
 from lens_bias.core.files import atomic_save, atomic_write_text
+from lens_bias.core.probes import Probe, last_position
 from lens_bias.models.checkpoints import load_checkpoint
 from lens_bias.seedprint import Fingerprint, fingerprint
 

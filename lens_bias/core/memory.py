@@ -202,7 +202,7 @@ def plan_batch(
     that fits when the pass would not fit in ``MEMORY_FRACTION`` of :func:`available_bytes`.
 
     Args:
-        info: the model's :class:`~lens_bias.core.adapter.ModelInfo` (widths and ``n_ctx``).
+        info: the model's :class:`~lens_bias.core.model_facts.ModelInfo` (widths and ``n_ctx``).
         n: sequences in the pass.
         seq_len: tokens per sequence.
         dtype: the model's dtype.

@@ -20,8 +20,8 @@ from typing import Any, Union
 import torch
 
 from lens_bias.core import memory, tl
-from lens_bias.core.adapter import NAME_ATTRIBUTE, REGIME_ATTRIBUTE, REGIMES
 from lens_bias.core.errors import LensBiasError, WrongType
+from lens_bias.core.model_facts import NAME_ATTRIBUTE, REGIME_ATTRIBUTE, REGIMES
 from lens_bias.models.spec import ModelSpec
 
 __all__ = ["random_init", "redraw", "resolve_backend", "mark"]

@@ -9,8 +9,8 @@ from typing import Any
 import torch
 
 from lens_bias.core import tl
-from lens_bias.core.adapter import ModelInfo
 from lens_bias.core.errors import LensBiasError
+from lens_bias.core.model_facts import ModelInfo
 from lens_bias.core.registry import Registry
 from lens_bias.core.serialise import Serialisable, parse_field
 
@@ -104,7 +104,7 @@ class ModelSpec(Serialisable):
         return self.d_model // self.n_heads
 
     def info(self, *, family: str | None = None, device: str = "cpu", dtype: torch.dtype = torch.float32) -> ModelInfo:
-        """The :class:`~lens_bias.core.adapter.ModelInfo` of the model this spec builds, before building it (what the
+        """The :class:`~lens_bias.core.model_facts.ModelInfo` of the model this spec builds, before building it (what the
         memory guard sizes a pass by)."""
         spec = self.resolved()
         arch = spec.architecture

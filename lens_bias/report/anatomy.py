@@ -17,7 +17,7 @@ import pandas as pd
 import torch
 
 from lens_bias.analyses.base import Result
-from lens_bias.analyses.sink_attribution import LEARNED_LINK
+from lens_bias.analyses.sink_conditions import LEARNED_LINK
 from lens_bias.analyses.super_weights import SPIKE
 from lens_bias.core.attention_layout import describe_windows
 from lens_bias.core.figures import new_figure

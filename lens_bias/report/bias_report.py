@@ -23,10 +23,11 @@ from lens_bias.analyses.ablation import AblationResult, ablate
 from lens_bias.analyses.base import SECTIONS, Result, run_analyses
 from lens_bias.analyses.sink_attribution import SinkAttributionResult, sink_attribution
 from lens_bias.analyses.sink_heads import N_HEADS, SinkHeadsResult, sink_heads
-from lens_bias.core.adapter import REGIMES, ModelAdapter, ModelInfo
+from lens_bias.core.adapter import ModelAdapter
 from lens_bias.core.errors import LensBiasError, MissingExtra
 from lens_bias.core.figures import figure_png
 from lens_bias.core.inputs import Inputs, InputSpec, RandomTokens, resolve_inputs
+from lens_bias.core.model_facts import REGIMES, ModelInfo
 from lens_bias.hooks.base import Intervention, edit_records
 from lens_bias.report.anatomy import SinkAnatomy, anatomy_of
 from lens_bias.report.page import CSV_SCRIPT, fmt, summary_html, table_block

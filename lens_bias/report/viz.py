@@ -23,8 +23,9 @@ from torch import Tensor
 
 from lens_bias.analyses import sink_heads
 from lens_bias.analyses.sinks import key_importance
-from lens_bias.core.adapter import ModelAdapter, Probe
+from lens_bias.core.adapter import ModelAdapter
 from lens_bias.core.errors import LensBiasError
+from lens_bias.core.probes import Probe
 
 __all__ = ["attention_view", "save_html", "page_html", "view_slot", "gzip_base64"]
 

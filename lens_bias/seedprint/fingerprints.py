@@ -29,7 +29,7 @@ from torch import Tensor
 
 from lens_bias.core import distributed as distributed_run
 from lens_bias.core import offload, tl
-from lens_bias.core.adapter import NORMALIZED, ModelAdapter, last_position
+from lens_bias.core.adapter import NORMALIZED, ModelAdapter
 from lens_bias.core.errors import LensBiasError, WrongType
 from lens_bias.core.files import atomic_save, load_torch_file
 from lens_bias.core.inputs import (
@@ -38,6 +38,7 @@ from lens_bias.core.inputs import (
     RandomTokens,
     resolve_inputs,
 )
+from lens_bias.core.probes import last_position
 
 __all__ = ["Fingerprint", "fingerprint", "regenerate_inputs", "as_features", "check_compatible", "FeaturesLike"]
 

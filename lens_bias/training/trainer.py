@@ -23,10 +23,11 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from lens_bias.core import memory
-from lens_bias.core.adapter import ModelAdapter, on_device
+from lens_bias.core.adapter import ModelAdapter
 from lens_bias.core.corpora import code
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.inputs import with_bos
+from lens_bias.core.probes import on_device
 from lens_bias.hooks import Intervention, intervene
 from lens_bias.models.checkpoints import save_checkpoint
 from lens_bias.models.init import REGIME

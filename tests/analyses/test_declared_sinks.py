@@ -20,7 +20,7 @@ from lens_bias.core import tl
 from lens_bias.core.attention_layout import layer_windows, visible_queries, window_mask
 from lens_bias.hooks import Intervention, RemoveLearnedSinks
 
-from ..architecture_matrix import HF_ARCHITECTURES, _EXTRA, tiny_hf
+from ..architecture_matrix import _EXTRA, HF_ARCHITECTURES, tiny_hf
 from ..conftest import assert_same_state, state_copy, tiny
 
 bridge_only = pytest.mark.skipif(tl.tl_major() < 4, reason="GPT-OSS and Hugging Face sliding windows are bridged on TL 4")

@@ -12,7 +12,7 @@ import torch
 
 import lens_bias
 from lens_bias.analyses.decomposition import Decomposition
-from lens_bias.core.adapter import last_position
+from lens_bias.core.probes import last_position
 from lens_bias.core.stats import mean_pairwise_cosine
 from lens_bias.extend import ModelAdapter
 from lens_bias.hooks import ZeroSublayer

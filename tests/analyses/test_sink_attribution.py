@@ -11,7 +11,8 @@ import torch
 
 import lens_bias
 from lens_bias import LensBiasError
-from lens_bias.analyses.sink_attribution import VERDICTS, Condition, SinkAttributionResult, anatomy_conditions, sink_attribution
+from lens_bias.analyses.sink_attribution import VERDICTS, SinkAttributionResult, sink_attribution
+from lens_bias.analyses.sink_conditions import Condition, anatomy_conditions
 from lens_bias.hooks import Intervention, MaskToSelf, intervene
 
 from ..conftest import assert_same_state, state_copy, tiny, warmed_snapshot

@@ -8,7 +8,7 @@ import torch
 
 import lens_bias
 from lens_bias import LensBiasError, random_tokens
-from lens_bias.core.adapter import last_position
+from lens_bias.core.probes import last_position
 from lens_bias.extend import ModelAdapter, Probe
 
 from ..conftest import BACKEND, assert_same_state, hook_snapshot, shared_tiny, state_copy, tiny, warmed_snapshot
