@@ -165,6 +165,12 @@ class SuperWeightsResult(Result):
 
     def summary(self) -> str:
         h = self.headline()
+        spikes = torch.minimum(self.input_max, self.output_max)
+        if not (spikes > SPIKE).any():  # Yu et al.'s rule names no super weight: no top candidate of nothing (a random init)
+            layer = int(spikes.argmax())
+            return (f"super weights (position {self.position}, {h['n_sequences']} sequences): none by Yu et al.'s rule (a down-projection whose "
+                    f"input and output spikes both exceed {SPIKE:g}); the largest spikes are at layer {layer}: input "
+                    f"{self.input_max[layer].item():.4g}, output {self.output_max[layer].item():.4g}")
         return (
             f"super weight candidate (position {self.position}, {h['n_sequences']} sequences): layer {h['layer']} "
             f"down_proj.weight[{h['row']}, {h['col']}] = {h['weight']:.4g} (rank {h['weight_rank']} by |w| in its matrix); "

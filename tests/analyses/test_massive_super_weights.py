@@ -12,7 +12,7 @@ import lens_bias
 from lens_bias import LensBiasError, intervene
 from lens_bias.analyses.massive import massive_ablation, massive_activations
 from lens_bias.analyses.perplexity import perplexity
-from lens_bias.analyses.super_weights import super_weight_table, super_weights
+from lens_bias.analyses.super_weights import SPIKE, super_weight_table, super_weights
 from lens_bias.hooks import Intervention, RemoveWeight, RemoveWeights, SetActivations, ZeroSublayer
 
 from ..conftest import assert_same_state, hook_snapshot, shared_tiny, state_copy, warmed_snapshot
@@ -278,6 +278,18 @@ def test_super_weights_match_the_cache(arch):
     assert len(result.spikes()) == 2
 
 
+def test_no_candidate_is_named_where_no_layer_spikes():
+    """A random init passes no spike through Yu et al.'s rule: its summary (the text of lens-bias analyze and the
+    page alike) names none, and gives the largest spikes instead."""
+    result = super_weights(shared_tiny("llama"), TOKENS)
+    spikes = torch.minimum(result.input_max, result.output_max)
+    assert spikes.max() < SPIKE
+    layer = int(spikes.argmax())
+    assert result.summary().endswith(f"the largest spikes are at layer {layer}: input {result.input_max[layer].item():.4g}, "
+                                     f"output {result.output_max[layer].item():.4g}")
+    assert "candidate" not in result.summary() and "none by Yu et al.'s rule" in result.summary()
+
+
 def test_super_weight_table_conditions():
     model = shared_tiny("llama")
     eval_tokens = lens_bias.random_tokens(3, 9, 97, seed=12)
@@ -369,6 +381,7 @@ def test_smollm2_super_weight(smollm2, text):
     assert found.coordinates()[0] == (11, 507, 1229)
     h = found.headline()
     assert h["output_spike"] > 1e4 and h["input_spike"] > 1e3 and h["share"] > 0.5
+    assert found.summary().startswith("super weight candidate (position 0, 2 sequences): layer 11 down_proj.weight[507, 1229]")
     table = super_weight_table(smollm2, text[0][:2], text[1], n_random=100)
     base, sw, other, rand = table.perplexities
     assert sw > 4 * base
