@@ -301,7 +301,7 @@ def _lineage(args: argparse.Namespace) -> str:
             rows = [line.split(",") for line in text.splitlines() if line.strip()]
             found = {row[0].strip(): row[1].strip() for row in rows if row[0].strip() not in ("model", "name")}
         labels = {**(labels or {}), **found}
-    models = seedprint.families.expand_models(args.models)
+    models = seedprint.cache.expand_models(args.models)
     if labels is not None:  # a label may name a model by its path or by its file name
         labels = {name: labels.get(name, labels.get(Path(name).name)) for name in models}
         missing = [name for name, base in labels.items() if base is None]
@@ -310,7 +310,7 @@ def _lineage(args: argparse.Namespace) -> str:
     result = seedprint.pairwise_lineage(
         models, labels=labels, align=args.align, correction=args.correction, alpha=args.alpha, n=args.n, seq_len=args.seq_len,
         vocab=args.vocab, m=args.m, ratio_k=args.ratio_k, cache=args.cache, progress=not args.no_progress,
-        null_fingerprints=[seedprint.Fingerprint.load(f) for f in seedprint.families.expand_models(args.null_fingerprints) if f.endswith(".pt")],
+        null_fingerprints=[seedprint.Fingerprint.load(f) for f in seedprint.cache.expand_models(args.null_fingerprints) if f.endswith(".pt")],
     )
     if args.out:
         out = Path(args.out)

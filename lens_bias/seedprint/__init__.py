@@ -17,7 +17,8 @@ families (:mod:`~lens_bias.seedprint.families`).
 
 Modules: :mod:`~lens_bias.seedprint.fingerprints` (the features), :mod:`~lens_bias.seedprint.statistic` (identity
 dimensions, τ̄), :mod:`~lens_bias.seedprint.align`, :mod:`~lens_bias.seedprint.nulls`,
-:mod:`~lens_bias.seedprint.lineage` (the test, ``compare``), :mod:`~lens_bias.seedprint.families` and
+:mod:`~lens_bias.seedprint.lineage` (the test, ``compare``), :mod:`~lens_bias.seedprint.families` (with its cache,
+:mod:`~lens_bias.seedprint.cache`) and
 :mod:`~lens_bias.seedprint.calibration`.
 
 >>> import lens_bias

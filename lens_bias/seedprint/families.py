@@ -36,26 +36,25 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from lens_bias.core.adapter import ModelAdapter
-from lens_bias.core.corpora import cache_dir
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.figures import new_figure
-from lens_bias.core.files import atomic_save, atomic_write_text
+from lens_bias.core.files import atomic_write_text
 from lens_bias.core.serialise import Serialisable
 from lens_bias.core.stats import adjust_p, detection_metrics
-from lens_bias.models import SHIPPED, load_model, shipped_gguf
+from lens_bias.models import load_model
 from lens_bias.models.transforms import random_inits
 from lens_bias.seedprint.align import ALIGN_MODES
+from lens_bias.seedprint.cache import FingerprintCache, content_key, expand_models, fingerprint_file
 from lens_bias.seedprint.fingerprints import Fingerprint, fingerprint, regenerate_inputs
 from lens_bias.seedprint.lineage import ALPHA, lineage_test
 from lens_bias.seedprint.nulls import AnalyticNull, Null, SeedsNull
-from lens_bias.seedprint.vocabulary import SKETCH_DIMS, embedding_sketch, is_renamed, renamed_ids
+from lens_bias.seedprint.vocabulary import is_renamed, renamed_ids
 
-__all__ = ["pairwise_lineage", "LineageMatrix", "expand_models", "CORRECTIONS"]
+__all__ = ["pairwise_lineage", "LineageMatrix", "CORRECTIONS"]
 
 logger = logging.getLogger(__name__)
 
 CORRECTIONS = ("holm", "bh")
-_MODEL_FILES = (".gguf", ".pt", ".safetensors")
 _NULL_FIRST_SEED = 1_000_000  # fresh inits of the null: seeds clear of those models are built with
 
 
@@ -138,72 +137,6 @@ def _short(name: str, width: int = 28) -> str:
     return name if len(name) <= width else "…" + name[-(width - 1):]
 
 
-def expand_models(sources: Sequence[str]) -> list[str]:
-    """MODEL strings with every folder that is not itself a Hugging Face model replaced by the models it holds
-    (its ``.gguf``, ``.pt`` and ``.safetensors`` files and its Hugging Face subfolders), in name order."""
-    out: list[str] = []
-    for source in sources:
-        path = Path(source)
-        if path.is_dir() and not (path / "config.json").exists():
-            found = sorted(str(p) for p in path.iterdir() if (p.is_file() and p.suffix in _MODEL_FILES) or (p.is_dir() and (p / "config.json").exists()))
-            if not found:
-                raise LensBiasError(f"{source} holds no model: no .gguf, .pt or .safetensors file, no Hugging Face folder")
-            out += found
-        else:
-            out.append(source)
-    return out
-
-
-def _content_key(source: str) -> str:
-    """SHA-256 of what a MODEL string names: the file's bytes, every file of a folder, or the string itself."""
-    digest = hashlib.sha256()
-    path = Path(shipped_gguf(source)) if source in SHIPPED else Path(source)
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path] if path.is_file() else []
-    if not files:  # a random-init spec or a hub name: the text is the identity
-        digest.update(source.encode())
-    for file in files:
-        digest.update(str(file.relative_to(path) if path.is_dir() else file.name).encode())
-        with open(file, "rb") as handle:
-            for block in iter(lambda: handle.read(1 << 22), b""):
-                digest.update(block)
-    return digest.hexdigest()[:32]
-
-
-class _Cache:
-    """Fingerprints on disk, keyed by model content and input spec (``cache=False``: none)."""
-
-    def __init__(self, folder: Union[str, Path, None, bool]):
-        self.folder = None if folder is False else Path(folder) if folder not in (None, True) else cache_dir() / "fingerprints"
-
-    def path(self, key: str, spec: Mapping[str, Any]) -> Path | None:
-        if self.folder is None:
-            return None
-        # the file format is part of the key: a fingerprint of an earlier format is made again, not read
-        spec_key = hashlib.sha256(json.dumps({**spec, "format": Fingerprint.FORMAT}, sort_keys=True).encode()).hexdigest()[:16]
-        return self.folder / f"{key}-{spec_key}.pt"
-
-    def load(self, key: str, spec: Mapping[str, Any]) -> Fingerprint | None:
-        path = self.path(key, spec)
-        return Fingerprint.load(path) if path is not None and path.exists() else None
-
-    def save(self, key: str, spec: Mapping[str, Any], fp: Fingerprint) -> None:
-        path = self.path(key, spec)
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fp.save(path)
-
-    def sketch(self, key: str | None, model: Callable[[], Any]) -> Tensor:
-        """The model's :func:`~lens_bias.seedprint.vocabulary.embedding_sketch`, read from the folder when it is there."""
-        path = self.folder / f"{key}-sketch{SKETCH_DIMS}.pt" if self.folder is not None and key is not None else None
-        if path is not None and path.exists():
-            return torch.load(path, map_location="cpu", weights_only=True)
-        sketch = embedding_sketch(model())
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_save(sketch, path)
-        return sketch
-
-
 def pairwise_lineage(
     models: Sequence[Union[str, Any, Fingerprint]],
     *,
@@ -227,7 +160,7 @@ def pairwise_lineage(
     """Test every pair of ``models`` for shared lineage, adjust for the number of tests, and find the families.
 
     Args:
-        models: MODEL strings (a folder of models counts as its models: :func:`expand_models`), loaded TransformerLens
+        models: MODEL strings (a folder of models counts as its models: :func:`~lens_bias.seedprint.cache.expand_models`), loaded TransformerLens
             models, or :class:`~lens_bias.seedprint.Fingerprint` objects made on the same inputs.
         names: what to call them (default: the MODEL strings; ``model i`` for objects).
         labels: the base each model descends from (a list in model order, or ``{name: base}``); with them the
@@ -263,9 +196,9 @@ def pairwise_lineage(
     names = [str(x) if isinstance(x, str) else f"model {i}" for i, x in enumerate(sources)] if names is None else list(names)
     if len(names) != len(sources) or len(set(names)) != len(names):
         raise LensBiasError(f"names must be {len(sources)} distinct strings, one per model")
-    store = _Cache(cache)
-    sources = [_fingerprint_file(x) or x if isinstance(x, str) else x for x in sources]
-    keys = [_content_key(x) if isinstance(x, str) else None for x in sources]
+    store = FingerprintCache(cache)
+    sources = [fingerprint_file(x) or x if isinstance(x, str) else x for x in sources]
+    keys = [content_key(x) if isinstance(x, str) else None for x in sources]
     loaded: dict[int, Any] = {}
 
     def load(i: int) -> Any:
@@ -355,19 +288,8 @@ def _inputs_record(sources: Sequence[Any], prints: Sequence[Fingerprint], spec: 
     return {key: given.inputs.get(key) for key in ("kind", "n", "seq_len", "seed", "vocab")}
 
 
-def _fingerprint_file(source: str) -> Fingerprint | None:
-    """The fingerprint a ``.pt`` MODEL string holds (written by ``lens-bias fingerprint``), else None (a checkpoint)."""
-    if not source.endswith(".pt") or not Path(source).is_file():
-        return None
-    try:  # memory-mapped: a checkpoint is not read into memory just to learn that it is one
-        data = torch.load(source, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # not a torch zip file: load_model reports what it is
-        return None
-    return Fingerprint.load(source) if isinstance(data, dict) and data.get("format") == Fingerprint.FORMAT else None
-
-
 def _renamed_prints(
-    keys: Sequence[str | None], prints: Sequence[Fingerprint], sketches: Sequence[Tensor | None], store: "_Cache",
+    keys: Sequence[str | None], prints: Sequence[Fingerprint], sketches: Sequence[Tensor | None], store: "FingerprintCache",
     spec: Mapping[str, Any], load: Callable[[int], Any], seconds: dict[str, float], names: Sequence[str],
 ) -> dict[tuple[int, int], Fingerprint]:
     """For each pair (i, j) where j's vocabulary is i's renamed, j's fingerprint on i's tokens under j's IDs, so that a
@@ -395,7 +317,7 @@ def _renamed_prints(
     return out
 
 
-def _vocab(store: _Cache, key: str | None, model_of: Any, i: int) -> int:
+def _vocab(store: FingerprintCache, key: str | None, model_of: Any, i: int) -> int:
     """A model's vocabulary size, from its card in the cache when there is one (so a cached model is not loaded)."""
     card = store.folder / f"{key}.json" if store.folder is not None and key is not None else None
     if card is not None and card.exists():
@@ -407,7 +329,7 @@ def _vocab(store: _Cache, key: str | None, model_of: Any, i: int) -> int:
     return d_vocab
 
 
-def _aligned_null(store: _Cache, key: str | None, load: Any, base: Fingerprint, n_null: int, spec: Mapping[str, Any]) -> Null:
+def _aligned_null(store: FingerprintCache, key: str | None, load: Any, base: Fingerprint, n_null: int, spec: Mapping[str, Any]) -> Null:
     """A seeds null of ``n_null`` random inits of the base's configuration on its inputs (cached with the model)."""
     seeds = range(_NULL_FIRST_SEED, _NULL_FIRST_SEED + n_null)
     prints = [store.load(f"{key}-init{s}", spec) if key is not None else None for s in seeds]
