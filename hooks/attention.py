@@ -4,7 +4,8 @@ edited pattern.
 
 - SelfOnlyAttention: the identity pattern. Each position keeps its own value vector: no aggregation, so no
   intra-sequence contraction, and no position-dependent variance.
-- UniformAttention: 1/(t+1) over the causal prefix, what attention at init nearly is at small width.
+- UniformAttention: 1/(t+1) over the causal prefix (over the window, in a sliding layer), what attention at init
+  nearly is at small width.
 - MaskToSelf(position=k): token k attends only to itself (row k becomes one-hot). It keeps the first token's
   privilege — one value vector, not an average — and so its high variance (Li et al., "The Structural Origin of
   Attention Sink"). Positions are 0-based: the first token is position 0.
@@ -18,6 +19,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lens_bias.core.adapter import ModelAdapter
+from lens_bias.core.attention_layout import window_mask
 from lens_bias.core.probes import FwdHook
 from lens_bias.hooks.base import (
     Intervention,
@@ -35,11 +38,16 @@ def _identity_pattern(pattern: Tensor, hook: Any) -> Tensor:
     return torch.eye(q, k, dtype=pattern.dtype, device=pattern.device).expand_as(pattern)
 
 
-@replaces
-def _uniform_causal_pattern(pattern: Tensor, hook: Any) -> Tensor:
-    q, k = pattern.shape[-2:]
-    causal = torch.ones(q, k, dtype=pattern.dtype, device=pattern.device).tril()
-    return (causal / causal.sum(dim=-1, keepdim=True)).expand_as(pattern)
+def _uniform_pattern(window: int | None) -> Any:
+    """A hook that replaces the pattern by 1/(visible keys) over the keys each query can see (in a sliding layer of
+    window W, the last W keys: uniform attention never reaches past the model's own mask)."""
+
+    @replaces
+    def hook_fn(pattern: Tensor, hook: Any) -> Tensor:
+        visible = window_mask(pattern.shape[-1], window, pattern.device).to(pattern.dtype)
+        return (visible / visible.sum(dim=-1, keepdim=True)).expand_as(pattern)
+
+    return hook_fn
 
 
 @dataclass(frozen=True)
@@ -56,14 +64,15 @@ class SelfOnlyAttention(Intervention):
 
 @dataclass(frozen=True)
 class UniformAttention(Intervention):
-    """Position t attends to positions 0..t with weight 1/(t+1) each.
+    """Position t attends to positions 0..t with weight 1/(t+1) each; in a sliding layer of window W, to the last W
+    positions with weight 1/min(t+1, W).
 
     >>> UniformAttention().to_dict()
     {'type': 'UniformAttention', 'layers': None}
     """
 
     def layer_hooks(self, model: Any, layer: int) -> list[FwdHook]:
-        return [(f"blocks.{layer}.attn.hook_pattern", _uniform_causal_pattern)]
+        return [(f"blocks.{layer}.attn.hook_pattern", _uniform_pattern(ModelAdapter(model).windows[layer]))]
 
 
 @dataclass(frozen=True)

@@ -238,3 +238,19 @@ def test_tl3_local_attention_window_is_read_and_applied():
     assert torch.equal(cache["blocks.0.attn.hook_pattern"][0].gt(0).all(dim=0), window_mask(10, WINDOW))
     result = measure(model, tokens, [Sinks(per_sequence=True)])["sinks"]
     assert (result.alpha[:, 0, :, 0] - cache["blocks.0.attn.hook_pattern"][:, :, :WINDOW, 0].mean(dim=-1)).abs().max() < 1e-6
+
+
+@bridge_only
+def test_uniform_attention_stays_inside_a_sliding_window(gpt_oss):
+    """UniformAttention spreads each row over the keys the model lets it see: the window in a sliding layer."""
+    from lens_bias.hooks import UniformAttention
+
+    model, _ = gpt_oss
+    patterns = {}
+    with torch.no_grad(), intervene(model, UniformAttention()):
+        model.run_with_hooks(TOKENS[:1], fwd_hooks=[(f"blocks.{layer}.attn.hook_pattern", lambda p, hook: patterns.__setitem__(hook.name, p.clone()))
+                                                     for layer in range(2)])
+    t = torch.arange(T)
+    for layer, window in enumerate((WINDOW, None)):
+        expected = window_mask(T, window).float() / torch.clamp(t + 1, max=window or T)[:, None]
+        assert torch.allclose(patterns[f"blocks.{layer}.attn.hook_pattern"][0, 0], expected), layer
