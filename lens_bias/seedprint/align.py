@@ -27,7 +27,7 @@ True
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable, Literal, Optional, get_args
 
 import torch
 from jaxtyping import Float
@@ -36,9 +36,25 @@ from torch import Tensor
 
 from lens_bias.core.errors import LensBiasError
 
-__all__ = ["ALIGN_MODES", "fit", "FIT_FRACTION"]
+__all__ = ["ALIGN_MODES", "AlignMode", "check_align", "fit", "split_and_align", "FIT_FRACTION"]
 
-ALIGN_MODES = (None, "permutation", "orthogonal", "linear")
+AlignMode = Optional[Literal["permutation", "orthogonal", "linear"]]
+"""An alignment mode; None is the published test (no alignment)."""
+ALIGN_MODES: tuple[AlignMode, ...] = (None, *get_args(get_args(AlignMode)[0]))
+
+
+def check_align(align: Any) -> None:
+    """Refuse anything but one of :data:`ALIGN_MODES`: the one place the mode is checked."""
+    if align not in ALIGN_MODES:
+        raise LensBiasError(f"align must be one of {ALIGN_MODES}, got {align!r}")
+
+
+def split_and_align(align: AlignMode, fit_rows: int, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    """``x`` and ``y`` on the test rows, ``y`` aligned to ``x``'s basis on the first ``fit_rows`` rows (as they are,
+    without an alignment)."""
+    if align is None:
+        return x, y
+    return x[fit_rows:], fit(align, x[:fit_rows], y[:fit_rows])(y[fit_rows:])
 # Share of the inputs (the first rows) an alignment is fitted on; the test runs on the rest.
 FIT_FRACTION = 0.5
 # Ridge of the linear map, relative to the mean variance of the suspect's features: keeps the fit defined when the
@@ -48,7 +64,7 @@ _RIDGE = 1e-6
 Aligner = Callable[[Float[Tensor, "n d"]], Float[Tensor, "n d"]]
 
 
-def fit(mode: str, base: Float[Tensor, "n d"], suspect: Float[Tensor, "n d"]) -> Aligner:
+def fit(mode: AlignMode, base: Float[Tensor, "n d"], suspect: Float[Tensor, "n d"]) -> Aligner:
     """The map that takes the suspect's features into the base's basis, fitted on these rows.
 
     Args:
@@ -59,6 +75,9 @@ def fit(mode: str, base: Float[Tensor, "n d"], suspect: Float[Tensor, "n d"]) ->
     Returns:
         A function from suspect features ``[n, d]`` (any rows) to features in the base's basis.
     """
+    check_align(mode)
+    if mode is None:
+        raise LensBiasError("fit needs a map to fit: 'permutation', 'orthogonal' or 'linear' (None is the published test, which fits none)")
     if base.shape != suspect.shape or base.ndim != 2:
         raise LensBiasError(f"alignment needs two feature matrices of one shape [n, d], got {tuple(base.shape)} and {tuple(suspect.shape)}")
     a, b = base.double(), suspect.double()
@@ -74,9 +93,7 @@ def fit(mode: str, base: Float[Tensor, "n d"], suspect: Float[Tensor, "n d"]) ->
         u, _, vh = torch.linalg.svd(cb.T @ ca, full_matrices=False)
         q = u @ vh  # argmin over orthogonal Q of ‖cb·Q − ca‖
         return lambda x: (x.double() @ q).to(x.dtype)
-    if mode == "linear":
-        gram = cb.T @ cb
-        ridge = _RIDGE * gram.diagonal().mean() * torch.eye(gram.shape[0], dtype=gram.dtype)
-        w = torch.linalg.solve(gram + ridge, cb.T @ ca)
-        return lambda x: (x.double() @ w).to(x.dtype)
-    raise LensBiasError(f"align must be one of {ALIGN_MODES}, got {mode!r}")
+    gram = cb.T @ cb  # "linear", the last mode
+    ridge = _RIDGE * gram.diagonal().mean() * torch.eye(gram.shape[0], dtype=gram.dtype)
+    w = torch.linalg.solve(gram + ridge, cb.T @ ca)
+    return lambda x: (x.double() @ w).to(x.dtype)

@@ -12,6 +12,7 @@ from tqdm.auto import tqdm
 from lens_bias.core import memory
 from lens_bias.core.adapter import ModelAdapter
 from lens_bias.core.errors import LensBiasError
+from lens_bias.seedprint.align import AlignMode, check_align
 from lens_bias.seedprint.fingerprints import Fingerprint, fingerprint
 from lens_bias.seedprint.lineage import lineage_test
 from lens_bias.seedprint.nulls import AnalyticNull, Null, SeedsNull
@@ -31,7 +32,7 @@ def calibrate(
     nulls: Sequence[Null] = (AnalyticNull(), SeedsNull()),
     alpha: float = 0.01,
     first_seed: int = 0,
-    aligns: Sequence[str | None] = (None,),
+    aligns: Sequence[AlignMode] = (None,),
     progress: bool = True,
     **test_kwargs: Any,
 ) -> pd.DataFrame:
@@ -70,6 +71,8 @@ def calibrate(
     prints: dict[str, list[Fingerprint]] = {kind: [] for kind in kinds}
     if "align" in test_kwargs:
         raise LensBiasError("calibrate takes aligns=[...] (every mode is tested on the same fingerprints), not align=")
+    for align in aligns:  # before any model is fingerprinted
+        check_align(align)
     if isinstance(n_pairs, bool) or not isinstance(n_pairs, int) or n_pairs < 1:
         raise LensBiasError(f"n_pairs must be a positive int, got {n_pairs!r}")
     for s in tqdm(range(first_seed, first_seed + n_fresh + 2 * n_pairs), desc="calibration models", disable=not progress):

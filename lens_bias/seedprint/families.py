@@ -43,7 +43,7 @@ from lens_bias.core.serialise import Serialisable
 from lens_bias.core.stats import adjust_p, detection_metrics
 from lens_bias.models import load_model
 from lens_bias.models.transforms import random_inits
-from lens_bias.seedprint.align import ALIGN_MODES
+from lens_bias.seedprint.align import AlignMode, check_align
 from lens_bias.seedprint.cache import FingerprintCache, content_key, expand_models, fingerprint_file
 from lens_bias.seedprint.fingerprints import Fingerprint, fingerprint, regenerate_inputs
 from lens_bias.seedprint.lineage import ALPHA, lineage_test
@@ -70,7 +70,7 @@ class LineageMatrix(Serialisable):
     families: list[list[str]]
     correction: str
     alpha: float
-    align: str | None
+    align: AlignMode
     null: dict[str, Any]  # the null's settings (its to_dict())
     inputs: dict[str, Any]  # the fingerprints' input record
     seconds: dict[str, float] = field(default_factory=dict)  # per model: fingerprinting (0 when read from the cache)
@@ -142,7 +142,7 @@ def pairwise_lineage(
     *,
     names: Sequence[str] | None = None,
     labels: Union[Sequence[str], Mapping[str, str], None] = None,
-    align: str | None = None,
+    align: AlignMode = None,
     null: Null | None = None,
     n_null: int = 10,
     null_fingerprints: Sequence[Fingerprint] = (),
@@ -191,8 +191,7 @@ def pairwise_lineage(
         raise LensBiasError(f"lineage needs at least 2 models, got {len(sources)}")
     if correction not in CORRECTIONS:
         raise LensBiasError(f"correction must be one of {CORRECTIONS}, got {correction!r}")
-    if align not in ALIGN_MODES:
-        raise LensBiasError(f"align must be one of {ALIGN_MODES}, got {align!r}")
+    check_align(align)
     names = [str(x) if isinstance(x, str) else f"model {i}" for i, x in enumerate(sources)] if names is None else list(names)
     if len(names) != len(sources) or len(set(names)) != len(names):
         raise LensBiasError(f"names must be {len(sources)} distinct strings, one per model")

@@ -28,7 +28,7 @@ from torch import Tensor
 
 from lens_bias.core.adapter import ModelAdapter
 from lens_bias.core.errors import LensBiasError, WrongType
-from lens_bias.seedprint.align import ALIGN_MODES, FIT_FRACTION
+from lens_bias.seedprint.align import FIT_FRACTION, AlignMode, check_align, split_and_align
 from lens_bias.seedprint.fingerprints import (
     FeaturesLike,
     Fingerprint,
@@ -73,7 +73,7 @@ class SeedPrintResult:
     # The null's own numbers (Judgement.details): AnalyticNull(aggregate=True) tau_agg and z_agg; EmpiricalNull the
     # pooled null τ's mean and std; SeedsNull each null model's τ̄ and the rank p.
     null_details: dict[str, Any] = field(default_factory=dict)
-    align: str | None = None  # the alignment fitted before the test (None: the published test)
+    align: AlignMode = None  # the alignment fitted before the test (None: the published test)
     fit_rows: int = 0  # rows the alignment was fitted on (the first ones); the test ran on the rest
     renamed_vocabulary: bool = False  # compare() found b's vocabulary to be a's renamed, and gave b the same tokens renamed
 
@@ -109,7 +109,7 @@ def lineage_test(
     temperature: float = 10.0,
     null: Null = AnalyticNull(),
     alpha: float = 0.01,
-    align: str | None = None,
+    align: AlignMode = None,
     fit_fraction: float = FIT_FRACTION,
     progress: bool = False,
 ) -> SeedPrintResult:
@@ -145,8 +145,7 @@ def lineage_test(
         )
     if mode not in MODES:
         raise LensBiasError(f"mode must be one of {MODES}, got {mode!r}")
-    if align not in ALIGN_MODES:
-        raise LensBiasError(f"align must be one of {ALIGN_MODES}, got {align!r}")
+    check_align(align)
     full_a, full_b = as_features(a, "a", align), as_features(b, "b", align)
     check_compatible(a, b, full_a, full_b)
     fit_rows = int(fit_fraction * full_a.shape[0]) if align is not None else 0
@@ -160,9 +159,10 @@ def lineage_test(
         raise LensBiasError(f"m must be in [1, D={d}], got {m} (with m=None it is ⌊ratio_k·D⌋)")
     null.check(a, n)
 
-    case = Case(a, b, full_a, full_b, m, mode, temperature, None, progress, full_a, align, fit_rows)  # type: ignore[arg-type]
-    fa, fb = case.split_align(full_a, full_b)
+    fa, fb = split_and_align(align, fit_rows, full_a, full_b)
     core = tau_statistic(fa, fb, m, mode, temperature)
+    case = Case(a=a, b=b, fa=fa, fb=fb, m=m, mode=mode, temperature=temperature, statistic=core, progress=progress, full_a=full_a, align=align,
+                fit_rows=fit_rows)
     dims = core.dims
     result = SeedPrintResult(
         p=1.0, log10_p=0.0, tau_bar=core.tau_bar, z=float("nan"), k=core.k, n=n, m=m, mode=mode, temperature=temperature,
@@ -176,7 +176,7 @@ def lineage_test(
             else "fewer than two identity dimensions with a defined τ"
         )
         return result
-    judgement = null.judge(replace(case, fa=fa, fb=fb, statistic=core))
+    judgement = null.judge(case)
     result.log10_p = judgement.log_p / math.log(10)
     result.p = math.exp(judgement.log_p)
     result.z = judgement.z

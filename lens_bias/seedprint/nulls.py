@@ -40,6 +40,7 @@ from lens_bias.core.registry import Registry
 from lens_bias.core.stats import kendall_tau_b
 from lens_bias.models import ModelSpec, random_init, redraw
 from lens_bias.seedprint import align
+from lens_bias.seedprint.align import AlignMode
 from lens_bias.seedprint.fingerprints import (
     FeaturesLike,
     Fingerprint,
@@ -85,15 +86,12 @@ class Case:
     statistic: TauStatistic
     progress: bool
     full_a: Float[Tensor, "n_all d"]  # every row of the base's features
-    align: str | None = None
+    align: AlignMode = None
     fit_rows: int = 0
 
     def split_align(self, x: Float[Tensor, "n_all d"], y: Float[Tensor, "n_all d"]) -> tuple[Tensor, Tensor]:
         """``x`` and ``y`` on the test rows, ``y`` aligned to ``x``'s basis on the fit rows."""
-        if self.align is None:
-            return x, y
-        k = self.fit_rows
-        return x[k:], align.fit(self.align, x[:k], y[:k])(y[k:])
+        return align.split_and_align(self.align, self.fit_rows, x, y)
 
     def statistic_of(self, x: Float[Tensor, "n_all d"], y: Float[Tensor, "n_all d"]) -> TauStatistic:
         """The test's statistic of another pair, by the same split, alignment and identity dims."""

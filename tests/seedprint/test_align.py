@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import typing
 
 import pandas as pd
 import pytest
@@ -200,3 +201,16 @@ def test_a_renamed_vocabulary_does_not_evade_lineage(tmp_path, monkeypatch):
     monkeypatch.setattr("lens_bias.seedprint.families.load_model", lambda text: pytest.fail(f"loaded {text} again"))
     again = sp.pairwise_lineage([str(folder)], **kw)
     assert again.renamed == result.renamed and torch.equal(again.tau_bar.nan_to_num(), result.tau_bar.nan_to_num())
+
+
+def test_the_align_mode_is_checked_in_one_place_before_any_work():
+    from lens_bias.seedprint import calibrate, lineage_test, pairwise_lineage
+    from lens_bias.seedprint.align import ALIGN_MODES, AlignMode, fit
+
+    assert ALIGN_MODES == (None, *typing.get_args(typing.get_args(AlignMode)[0]))
+    features = torch.randn(12, 4)
+    for call in (lambda: lineage_test(features, features, m=2, align="rotation"), lambda: fit("rotation", features, features),
+                 lambda: pairwise_lineage(["llama:d=16,L=1,H=2,V=50,ctx=8"] * 2, align="rotation", cache=False, progress=False),
+                 lambda: calibrate(lambda seed: pytest.fail("built a model"), n_pairs=1, aligns=["rotation"], progress=False)):
+        with pytest.raises(LensBiasError, match=r"align must be one of \(None, 'permutation', 'orthogonal', 'linear'\), got 'rotation'"):
+            call()
