@@ -44,7 +44,7 @@ ALIGN_MODES: tuple[AlignMode, ...] = (None, *get_args(get_args(AlignMode)[0]))
 
 
 def check_align(align: Any) -> None:
-    """Refuse anything but one of :data:`ALIGN_MODES`: the one place the mode is checked."""
+    """Refuse anything but one of ``ALIGN_MODES``: the one place the mode is checked."""
     if align not in ALIGN_MODES:
         raise LensBiasError(f"align must be one of {ALIGN_MODES}, got {align!r}")
 
