@@ -314,17 +314,17 @@ class SinksResult(Result):
     def to_pandas(self) -> pd.DataFrame:
         n_layers, n_heads = self.alpha_mean.shape[:2]
         rate, share = self.rate_by_head(0), self.share(0)
+        windows, sliding = self.layer_windows, bool(self.sliding_layers)
+        learned = (self.learned_rate_by_head(), self.learned_share()) if self.declares_sink else None
         rows = []
         for layer in range(n_layers):
             for head in range(n_heads):
                 row = {"layer": layer, "head": head, "sink_rate_0": rate[layer, head].item(), "first_token_share": share[layer, head].item(),
                        "norm_ratio_0": self.norm_ratio[layer].item()}
-                if self.sliding_layers:
-                    window = self.layer_windows[layer]
-                    row["window"] = "full" if window is None else str(window)
-                if self.declares_sink:
-                    row["learned_sink_rate"] = self.learned_rate_by_head()[layer, head].item()
-                    row["learned_sink_share"] = self.learned_share()[layer, head].item()
+                if sliding:
+                    row["window"] = "full" if windows[layer] is None else str(windows[layer])
+                if learned is not None:
+                    row["learned_sink_rate"], row["learned_sink_share"] = learned[0][layer, head].item(), learned[1][layer, head].item()
                 rows.append(row)
         return pd.DataFrame(rows)
 

@@ -19,8 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lens_bias.core.adapter import ModelAdapter
-from lens_bias.core.attention_layout import window_mask
+from lens_bias.core.attention_layout import layer_windows, window_mask
 from lens_bias.core.probes import FwdHook
 from lens_bias.hooks.base import (
     Intervention,
@@ -72,7 +71,7 @@ class UniformAttention(Intervention):
     """
 
     def layer_hooks(self, model: Any, layer: int) -> list[FwdHook]:
-        return [(f"blocks.{layer}.attn.hook_pattern", _uniform_pattern(ModelAdapter(model).windows[layer]))]
+        return [(f"blocks.{layer}.attn.hook_pattern", _uniform_pattern(layer_windows(model, int(model.cfg.n_layers))[layer]))]
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ against a direct computation.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -31,7 +31,7 @@ __all__ = ["AmplifyVariance", "ScaleNorm"]
 
 @dataclass(frozen=True)
 class _EditAtPosition(Intervention):
-    """Shared part of AmplifyVariance and ScaleNorm: replace o_k, token k's attention output, by ``_edit(o_k)``."""
+    """Shared part of AmplifyVariance and ScaleNorm: replace o_k, token k's attention output, by what ``_editor(layer)`` makes of it."""
 
     position: int = 0
     factor: float = 4.0
@@ -40,16 +40,17 @@ class _EditAtPosition(Intervention):
         super().__post_init__()
         check_position(self.position, type(self).__name__)
 
-    def _edit(self, out_k: Tensor, layer: int) -> Tensor:  # [batch, d_model] -> [batch, d_model]
+    def _editor(self, layer: int) -> Callable[[Tensor], Tensor]:
+        """The edit of o_k at ``layer``: [batch, d_model] -> [batch, d_model]."""
         raise NotImplementedError
 
     def layer_hooks(self, model: Any, layer: int) -> list[FwdHook]:
-        k, name = self.position, type(self).__name__
+        k, name, edit = self.position, type(self).__name__, self._editor(layer)
 
         def hook_fn(out: Tensor, hook: Any) -> Tensor:  # [batch, pos, d_model]
             check_in_sequence(k, out.shape[1], name)
             out = out.clone()
-            out[:, k] = self._edit(out[:, k], layer)
+            out[:, k] = edit(out[:, k])
             return out
 
         return [(f"blocks.{layer}.hook_attn_out", hook_fn)]
@@ -75,15 +76,22 @@ class AmplifyVariance(_EditAtPosition):
         if self.mean is not None:
             object.__setattr__(self, "mean", tuple(tuple(float(v) for v in row) for row in self.mean))
 
-    def _edit(self, out_k: Tensor, layer: int) -> Tensor:
-        if self.mean is not None:
-            mean = on_device(torch.tensor(self.mean[layer]), out_k.device, out_k.dtype)
-        elif out_k.shape[0] < 2:
-            raise LensBiasError("AmplifyVariance inside intervene() centres on each batch's mean: run batches of at least 2 sequences, or pass it "
-                                "to analyze / measure / perplexity (interventions=...), which take the mean once over all the inputs")
-        else:
-            mean = out_k.mean(dim=0, keepdim=True)
-        return float(self.factor) * (out_k - mean) + mean
+    def _editor(self, layer: int) -> Callable[[Tensor], Tensor]:
+        factor = float(self.factor)
+        fixed = None if self.mean is None else torch.tensor(self.mean[layer])  # made once, moved where the pass runs once
+
+        def edit(out_k: Tensor) -> Tensor:
+            nonlocal fixed
+            if fixed is not None:
+                mean = fixed = on_device(fixed, out_k.device, out_k.dtype)
+            elif out_k.shape[0] < 2:
+                raise LensBiasError("AmplifyVariance inside intervene() centres on each batch's mean: run batches of at least 2 sequences, or pass "
+                                    "it to analyze / measure / perplexity (interventions=...), which take the mean once over all the inputs")
+            else:
+                mean = out_k.mean(dim=0, keepdim=True)
+            return factor * (out_k - mean) + mean
+
+        return edit
 
     def fixed_for(self, model: Any, inputs: Inputs, others: Sequence[Any] = (), batch_size: int | None = None) -> "AmplifyVariance":
         """This edit with μ taken once over ``inputs``: layer by layer, in order, each mean measured with the edits of
@@ -112,5 +120,6 @@ class ScaleNorm(_EditAtPosition):
     {'type': 'ScaleNorm', 'layers': None, 'position': 10, 'factor': 4.0}
     """
 
-    def _edit(self, out_k: Tensor, layer: int) -> Tensor:
-        return float(self.factor) * out_k
+    def _editor(self, layer: int) -> Callable[[Tensor], Tensor]:
+        factor = float(self.factor)
+        return lambda out_k: factor * out_k
