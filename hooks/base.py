@@ -159,10 +159,7 @@ class Compose(Intervention):
         return [p for part in self.parts for p in part.parameters(model)]
 
     def fixed_for(self, model: Any, inputs: Any, others: Sequence[Any] = (), batch_size: int | None = None) -> "Compose":
-        parts = list(self.parts)
-        for i, part in enumerate(parts):
-            parts[i] = part.fixed_for(model, inputs, [*others, *parts[:i], *parts[i + 1:]], batch_size)
-        return Compose(tuple(parts))
+        return Compose(tuple(_fixed_each(model, self.parts, inputs, others, batch_size)))
 
     def to_dict(self) -> dict[str, Any]:
         return {"type": "Compose", "parts": [p.to_dict() for p in self.parts]}
@@ -238,13 +235,18 @@ def edit_hooks(model: Any, edits: Sequence[Edit], *, raw: bool = True) -> list[F
 def fix_for_inputs(model: Any, edits: Sequence[Edit], inputs: Any, batch_size: int | None = None) -> list[Edit]:
     """``edits`` with every intervention fixed for ``inputs`` (:meth:`Intervention.fixed_for`), so a pass over them gives
     the same numbers however they are split into batches; plain ``(hook_name, fn)`` pairs are kept as they are."""
-    fixed = list(edits)
+    return _fixed_each(model, edits, inputs, (), batch_size)
+
+
+def _fixed_each(model: Any, items: Sequence[Any], inputs: Any, others: Sequence[Any], batch_size: int | None) -> list[Any]:
+    """Each item fixed in turn, with ``others`` and the other items (those before it already fixed) attached."""
+    fixed = list(items)
     for i, item in enumerate(fixed):
-        others = [*fixed[:i], *fixed[i + 1:]]
+        rest = [*others, *fixed[:i], *fixed[i + 1:]]
         if isinstance(item, Intervention):
-            fixed[i] = item.fixed_for(model, inputs, others, batch_size)
+            fixed[i] = item.fixed_for(model, inputs, rest, batch_size)
         elif not _is_raw(item):  # a list of interventions
-            fixed[i] = Compose(tuple(_flatten([item]))).fixed_for(model, inputs, others, batch_size)
+            fixed[i] = Compose(tuple(_flatten([item]))).fixed_for(model, inputs, rest, batch_size)
     return fixed
 
 

@@ -27,6 +27,9 @@ __all__ = ["SinkAnatomy", "anatomy_of", "SINK_LAYER_RATE", "EARLY_RATIO"]
 # A layer sinks when at least this share of its (sequence, head) pairs put more than ε of their attention on token 0.
 SINK_LAYER_RATE = 50.0
 _PER_EXPERT = "per expert on a mixture of experts: see super_experts"
+# A mixture of experts' super weight, super neuron and disparity rows: each is read per expert, not here.
+_PER_EXPERT_ROWS = [("super weight", _PER_EXPERT, ""), ("super neuron", _PER_EXPERT, ""),
+                    ("disparity", "not measured here", "super_neurons reads it, on one MLP per layer")]
 # Before its onset a massive dim can already stand out: an early rise is a pre-onset value at least this many times
 # its block's median |h| (Sun et al.'s massive needs 1000×); it is dated where the dim first reaches half that peak.
 EARLY_RATIO = 100.0
@@ -97,15 +100,7 @@ class SinkAnatomy(Result):
             ("massive dims", f"dims {self.massive_dims} at position 0, from layer {self.onset_layer}" if massive else "none found by Sun et al.'s rule",
              f"|h_0| {self.massive_value:.4g} vs median {self.massive_median:.3g} ({self.massive_value / self.massive_median:.3g}×)" if massive
              else f"largest |h_0| {self.massive_value:.4g} (dim {dim}) vs median {self.massive_median:.3g}; massive needs > 100 and ≥ 1000× the median"),
-            ("super weight", f"layers[{weight.get('layer')}].mlp.down_proj.weight[{weight.get('row')}, {weight.get('col')}]" if weight
-             else _PER_EXPERT if self.per_expert else "none found by Yu et al.'s spike rule",
-             f"writes {weight['share']:.0%} of the layer's output spike" if weight
-             else "" if self.per_expert else f"largest down-projection spike {self.largest_spike:.3g} (a spike exceeds {SPIKE:g} in and out)"),
-            ("super neuron", f"layer {self.super_neuron.get('layer')} unit {self.super_neuron.get('unit')}" if self.super_neuron
-             else _PER_EXPERT if self.per_expert else "none found: no massive dim to write into",
-             f"writes {self.super_neuron['writes']:.4g} into dim {dim}" if self.super_neuron else ""),
-            ("disparity", f"max/mean |x_0| {self.disparity:.3g} (layer {self.disparity_layer})" if not self.per_expert else "not measured here",
-             f"other positions up to {self.disparity_elsewhere:.3g}" if not self.per_expert else "super_neurons reads it, on one MLP per layer"),
+            *(_PER_EXPERT_ROWS if self.per_expert else self._dense_rows(weight, dim)),
             ("sink", sink_where, sinks),
         ]
         frame = pd.DataFrame(rows, columns=["link", "where", "measured"])
@@ -117,6 +112,19 @@ class SinkAnatomy(Result):
             links = ("massive dim → sink", "super weight → massive dim", "super neurons → massive dim", "", sink_link)
             frame["causal test"] = [verdicts.get(link, "") for link in links]
         return frame
+
+    def _dense_rows(self, weight: dict[str, Any], dim: int) -> list[tuple[str, str, str]]:
+        """The super weight, super neuron and disparity rows of a model with one MLP per layer."""
+        return [
+            ("super weight", f"layers[{weight.get('layer')}].mlp.down_proj.weight[{weight.get('row')}, {weight.get('col')}]" if weight
+             else "none found by Yu et al.'s spike rule",
+             f"writes {weight['share']:.0%} of the layer's output spike" if weight
+             else f"largest down-projection spike {self.largest_spike:.3g} (a spike exceeds {SPIKE:g} in and out)"),
+            ("super neuron", f"layer {self.super_neuron.get('layer')} unit {self.super_neuron.get('unit')}" if self.super_neuron
+             else "none found: no massive dim to write into",
+             f"writes {self.super_neuron['writes']:.4g} into dim {dim}" if self.super_neuron else ""),
+            ("disparity", f"max/mean |x_0| {self.disparity:.3g} (layer {self.disparity_layer})", f"other positions up to {self.disparity_elsewhere:.3g}"),
+        ]
 
     def page_summary(self) -> str:
         return ""  # the page's table is the anatomy
