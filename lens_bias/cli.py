@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import logging
 import os
@@ -10,7 +11,7 @@ import sys
 import warnings
 from dataclasses import fields
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -24,7 +25,8 @@ from lens_bias.experiments.base import EXPERIMENTS
 from lens_bias.models import ARCHITECTURES, ModelSpec, load_model, random_init
 from lens_bias.models.checkpoints import save_checkpoint
 from lens_bias.report import analyze
-from lens_bias.training import TokenData, train
+from lens_bias.seedprint import FingerprintSettings, LineageSettings
+from lens_bias.training import TokenData, TrainSettings, train
 
 __all__ = ["main", "build_parser"]
 
@@ -33,6 +35,10 @@ _ALL_ACTS = sorted({a for family in ARCHITECTURES.values() for a in family.activ
 _ALL_POS = sorted({p for family in ARCHITECTURES.values() for p in family.positional_embeddings})
 # The random-init flags default to ModelSpec's fields: `lens-bias analyze` builds the model random_init() builds.
 _SPEC_DEFAULTS = {f.name: f.default for f in fields(ModelSpec)}
+# analyze's flags default to analyze()'s keywords, train's to TrainSettings (half its batch: the command trains small
+# models on a laptop's cores), the SeedPrint commands' to FingerprintSettings and LineageSettings.
+_ANALYZE = {name: p.default for name, p in inspect.signature(analyze).parameters.items()}
+_TRAIN = TrainSettings(batch_size=16)
 
 
 def _memory_map(text: str) -> dict[Any, int]:
@@ -84,6 +90,24 @@ def build_parser() -> argparse.ArgumentParser:
     def command(name: str, **texts: str) -> argparse.ArgumentParser:  # every subcommand: defaults in --help, --debug
         return sub.add_parser(name, **texts, formatter_class=argparse.ArgumentDefaultsHelpFormatter, parents=[common])
 
+    for add in (_analyze_parser, _fingerprint_parser, _seedprint_parser, _lineage_parser, _train_parser):
+        add(command)
+    for experiment in EXPERIMENTS.values():  # one subcommand per registered experiment
+        x = command(experiment.name, help=experiment.help, description=experiment.description or experiment.help)
+        x.add_argument("--preset", choices=list(experiment.presets), default=experiment.default_preset, help=experiment.preset_help)
+        x.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                       help=f"change one field of the preset's {experiment.config_type.__name__} (repeatable)")
+        x.add_argument("--out", default=None, help="write the tables (and models, where it trains) into this folder")
+        x.add_argument("--no-progress", action="store_true", help="hide progress bars")
+        experiment.add_arguments(x)
+        x.set_defaults(experiment=experiment)
+    return parser
+
+
+Command = Callable[..., argparse.ArgumentParser]
+
+
+def _analyze_parser(command: Command) -> None:
     a = command(
         "analyze",
         help="the lens_bias report of a random-init model (offline), or of any model with --model",
@@ -113,10 +137,11 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--dtype", choices=sorted(_DTYPES), default="float32", help="model dtype")
     _add_placement(m)
     r = a.add_argument_group("inputs and output")
-    r.add_argument("--inputs", choices=["tokens", "text", "embeddings"], default="tokens", help="random token IDs, held-out text (needs a model with a tokenizer) or Gaussian embeddings")
-    r.add_argument("--n-sequences", type=int, default=256, help="random sequences")
-    r.add_argument("--seq-len", type=int, default=128, help="tokens per sequence")
-    r.add_argument("--input-seed", type=int, default=42, help="seed of the random inputs")
+    r.add_argument("--inputs", choices=["tokens", "text", "embeddings"], default=_ANALYZE["inputs"],
+                   help="random token IDs, held-out text (needs a model with a tokenizer) or Gaussian embeddings")
+    r.add_argument("--n-sequences", type=int, default=_ANALYZE["n_sequences"], help="random sequences")
+    r.add_argument("--seq-len", type=int, default=_ANALYZE["seq_len"], help="tokens per sequence")
+    r.add_argument("--input-seed", type=int, default=_ANALYZE["seed"], help="seed of the random inputs")
     r.add_argument("--batch-size", type=int, default=None, help="sequences per forward pass (default: automatic)")
     r.add_argument("--sections", nargs="+", choices=list(SECTIONS), default=None, help="sections to compute (default: all)")
     r.add_argument("--ablations", action="store_true", help="add the ablation table (one more pass per condition)")
@@ -126,6 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--html", default=None, metavar="PATH", help="also write an offline HTML page: tables, figures, circuitsvis views")
     r.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
+
+def _fingerprint_parser(command: Command) -> None:
     f = command(
         "fingerprint",
         help="SeedPrint features of a random-init model, saved to a file",
@@ -136,11 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     f.add_argument("model", metavar="MODEL", help="checkpoint.pt, random-init spec (llama:d=256,L=4,seed=3), smollm2-135m-instruct, a .gguf file, an HF folder or hub name")
     f.add_argument("-o", "--output", required=True, help="where to save the fingerprint (.pt)")
-    f.add_argument("--inputs", choices=["tokens", "embeddings"], default="tokens", help="random token IDs or embeddings")
-    f.add_argument("--n", "--sequences", dest="n", type=int, default=2000, help="random sequences (spell it --sequences under torchrun, whose own options --n… would be ambiguous)")
-    f.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: the papers' 1024, or the model's context if shorter)")
-    f.add_argument("--input-seed", type=int, default=42, help="seed of the random inputs")
-    f.add_argument("--vocab", type=int, default=None, help="draw token IDs below this (the smallest vocabulary you compare)")
+    _fingerprint_flags(f, FingerprintSettings(), "the papers' 1024, or the model's context if shorter")
+    f.add_argument("--inputs", choices=["tokens", "embeddings"], default=FingerprintSettings.inputs, help="random token IDs or embeddings")
     f.add_argument("--batch-size", type=int, default=None, help="sequences per forward pass")
     f.add_argument("--device", default="cpu", help="torch device")
     f.add_argument("--dtype", choices=sorted(_DTYPES), default="float32", help="model dtype")
@@ -148,6 +172,29 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     f.add_argument("--distributed", action="store_true", help="under torchrun: shard the inputs across ranks, rank 0 saves")
 
+
+def _fingerprint_flags(parser: argparse.ArgumentParser, defaults: FingerprintSettings, seq_len_default: str | None = None) -> None:
+    """--n, --seq-len, --input-seed, --vocab: the inputs of a fingerprint, with the defaults of ``defaults``."""
+    parser.add_argument("--n", "--sequences", dest="n", type=int, default=defaults.n,
+                        help="random token sequences (spell it --sequences under torchrun, whose own options --n… would be ambiguous)")
+    parser.add_argument("--seq-len", type=int, default=None if seq_len_default else defaults.seq_len,
+                        help=f"tokens per sequence{f' (default: {seq_len_default})' if seq_len_default else ''}")
+    parser.add_argument("--input-seed", type=int, default=defaults.seed, help="seed of the random inputs")
+    parser.add_argument("--vocab", type=int, default=None, help="draw token IDs below this (default: the smallest vocabulary compared)")
+
+
+def _test_flags(parser: argparse.ArgumentParser, level: str = "significance level") -> None:
+    """--m, --ratio-k, --alpha, --align: the lineage test's settings, with LineageSettings' defaults."""
+    defaults = LineageSettings()
+    parser.add_argument("--m", type=int, default=None, help="identity dimensions (default: ratio-k × D)")
+    parser.add_argument("--ratio-k", type=float, default=defaults.ratio_k, help="m as a share of D")
+    parser.add_argument("--alpha", type=float, default=defaults.alpha, help=level)
+    parser.add_argument("--align", choices=[m for m in seedprint.ALIGN_MODES if m], default=None,
+                        help="fit a map from each suspect's features to the base's basis first (a permuted or rotated basis), "
+                        "on half the inputs, and test on the other half")
+
+
+def _seedprint_parser(command: Command) -> None:
     t = command(
         "seedprint",
         help="the SeedPrint lineage test between two saved fingerprints",
@@ -156,19 +203,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     t.add_argument("a", metavar="A.pt", help="the base model's fingerprint")
     t.add_argument("b", metavar="B.pt", help="the suspect's fingerprint, made from the same inputs")
-    t.add_argument("--m", type=int, default=None, help="identity dimensions (default: ratio-k × D)")
-    t.add_argument("--ratio-k", type=float, default=0.10, help="m as a share of D")
-    t.add_argument("--mode", choices=list(seedprint.MODES), default="coset", help="identity-dimension mode")
-    t.add_argument("--temperature", type=float, default=10.0, help="softmax temperature")
-    t.add_argument("--null", choices=seedprint.NULLS.names(), default="analytic", help="null distribution")
+    _test_flags(t)
+    t.add_argument("--mode", choices=list(seedprint.MODES), default=LineageSettings.mode, help="identity-dimension mode")
+    t.add_argument("--temperature", type=float, default=LineageSettings.temperature, help="softmax temperature")
+    t.add_argument("--null", choices=seedprint.NULLS.names(), default=seedprint.AnalyticNull.kind, help="null distribution")
     t.add_argument("--null-option", action="append", default=[], metavar="FIELD=VALUE",
                    help="a setting of the null, e.g. n_null=10 (seeds) or aggregate=true (analytic); repeatable")
-    t.add_argument("--alpha", type=float, default=0.01, help="significance level")
-    t.add_argument("--align", choices=[m for m in seedprint.ALIGN_MODES if m], default=None,
-                   help="fit a map from B's features to A's basis on half the inputs first, test on the other half (a permuted or rotated basis)")
     t.add_argument("--json", action="store_true", help="print the result as JSON")
     t.add_argument("--no-progress", action="store_true", help="hide the progress bars of the seeds and empirical nulls")
 
+
+def _lineage_parser(command: Command) -> None:
     g = command(
         "lineage",
         help="SeedPrint across many models: every pair, adjusted for multiple testing, grouped into families",
@@ -179,20 +224,17 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("models", nargs="+", metavar="MODEL", help="model files, folders of them, shipped names, random-init specs")
     g.add_argument("--labels", action="append", default=None, metavar="FILE",
                    help="CSV (model,base) or JSON {model: base}: the base each model descends from (repeatable, e.g. one labels.csv per 'lens-bias descendants --out')")
-    g.add_argument("--align", choices=[m for m in seedprint.ALIGN_MODES if m], default=None, help="align each pair first (judged against an aligned seeds null)")
+    _test_flags(g, "level of the adjusted verdicts")
     g.add_argument("--null-fingerprints", nargs="+", default=(), metavar="FP",
                    help="with --align, the seeds null of saved fingerprints (files or folders): those of each model's width, less the pair tested")
     g.add_argument("--correction", choices=list(seedprint.families.CORRECTIONS), default="holm", help="multiple-testing correction")
-    g.add_argument("--alpha", type=float, default=0.01, help="level of the adjusted verdicts")
-    g.add_argument("--n", "--sequences", dest="n", type=int, default=256, help="random token sequences fingerprinted")
-    g.add_argument("--seq-len", type=int, default=32, help="tokens per sequence")
-    g.add_argument("--vocab", type=int, default=None, help="draw token IDs below this (default: the smallest vocabulary)")
-    g.add_argument("--m", type=int, default=None, help="identity dimensions (default: ratio-k × D)")
-    g.add_argument("--ratio-k", type=float, default=0.1, help="m as a share of D")
+    _fingerprint_flags(g, seedprint.families.PAIRWISE)
     g.add_argument("--cache", default=None, help="fingerprint cache folder (default: $LENS_BIAS_CACHE/fingerprints)")
     g.add_argument("--out", default=None, help="write pairs.csv, families.json and lineage.png here")
     g.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
+
+def _train_parser(command: Command) -> None:
     tr = command(
         "train",
         help="train a random-init model on an offline corpus (the lens_bias trainer)",
@@ -203,27 +245,16 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("model", metavar="MODEL", help="random-init spec or checkpoint.pt")
     tr.add_argument("--corpus", default="prose", help="'prose', 'code', or text files (comma-separated paths)")
     tr.add_argument("--out", required=True, help="folder for checkpoints (final.pt, step*.pt) and training.csv")
-    tr.add_argument("--steps", type=int, default=400, help="optimizer steps")
-    tr.add_argument("--batch-size", type=int, default=16, help="sequences per step")
+    tr.add_argument("--steps", type=int, default=_TRAIN.steps, help="optimizer steps")
+    tr.add_argument("--batch-size", type=int, default=_TRAIN.batch_size, help="sequences per step")
     tr.add_argument("--seq-len", type=int, default=64, help="tokens per training sequence (at most the model's n_ctx)")
-    tr.add_argument("--lr", type=float, default=3e-4, help="peak learning rate (AdamW, warmup + cosine)")
-    tr.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay on matrices")
-    tr.add_argument("--data-seed", type=int, default=42, help="the only source of the data order")
+    tr.add_argument("--lr", type=float, default=_TRAIN.lr, help="peak learning rate (AdamW, warmup + cosine)")
+    tr.add_argument("--weight-decay", type=float, default=_TRAIN.weight_decay, help="AdamW weight decay on matrices")
+    tr.add_argument("--data-seed", type=int, default=_TRAIN.data_seed, help="the only source of the data order")
     tr.add_argument("--bos", action="store_true", help="start every sequence with <|endoftext|> (a fixed first token)")
     tr.add_argument("--checkpoint-every", type=int, default=None, help="also save a checkpoint every this many steps")
     tr.add_argument("--device", default="cpu", help="torch device (cuda: bf16 autocast)")
     tr.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-
-    for experiment in EXPERIMENTS.values():  # one subcommand per registered experiment
-        x = command(experiment.name, help=experiment.help, description=experiment.description or experiment.help)
-        x.add_argument("--preset", choices=list(experiment.presets), default=experiment.default_preset, help=experiment.preset_help)
-        x.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                       help=f"change one field of the preset's {experiment.config_type.__name__} (repeatable)")
-        x.add_argument("--out", default=None, help="write the tables (and models, where it trains) into this folder")
-        x.add_argument("--no-progress", action="store_true", help="hide progress bars")
-        experiment.add_arguments(x)
-        x.set_defaults(experiment=experiment)
-    return parser
 
 
 def _analyze(args: argparse.Namespace) -> str:
@@ -268,10 +299,8 @@ def _fingerprint(args: argparse.Namespace) -> str:
         device = f"cuda:{os.environ.get('LOCAL_RANK', 0)}"
     model = _load(args, device)
     seq_len = args.seq_len if args.seq_len is not None else min(1024, int(model.cfg.n_ctx))
-    fp = seedprint.fingerprint(
-        model, inputs=args.inputs, n=args.n, seq_len=seq_len, seed=args.input_seed, vocab=args.vocab,
-        batch_size=args.batch_size, progress=not args.no_progress, distributed=args.distributed,
-    )
+    settings = FingerprintSettings(inputs=args.inputs, n=args.n, seq_len=seq_len, seed=args.input_seed, vocab=args.vocab, batch_size=args.batch_size)
+    fp = seedprint.fingerprint(model, settings, progress=not args.no_progress, distributed=args.distributed)
     if fp is None:
         return f"rank {os.environ.get('RANK')}: shard sent to rank 0"
     fp.save(args.output)
@@ -280,11 +309,9 @@ def _fingerprint(args: argparse.Namespace) -> str:
 
 def _seedprint(args: argparse.Namespace) -> str:
     settings = parse_assignments(seedprint.NULLS[args.null], args.null_option, "--null-option")
-    result = seedprint.lineage_test(
-        seedprint.Fingerprint.load(args.a), seedprint.Fingerprint.load(args.b), m=args.m, ratio_k=args.ratio_k,
-        mode=args.mode, temperature=args.temperature, null=seedprint.null_named(args.null, **settings), alpha=args.alpha, align=args.align,
-        progress=not args.no_progress,
-    )
+    test = LineageSettings(m=args.m, ratio_k=args.ratio_k, mode=args.mode, temperature=args.temperature, null=seedprint.null_named(args.null, **settings),
+                           alpha=args.alpha, align=args.align)
+    result = seedprint.lineage_test(seedprint.Fingerprint.load(args.a), seedprint.Fingerprint.load(args.b), test, progress=not args.no_progress)
     if args.json:
         keys = ("p", "log10_p", "tau_bar", "z", "k", "n", "m", "mode", "null", "alpha", "same_lineage", "reason", "null_details", "align", "fit_rows")
         return json.dumps({name: getattr(result, name) for name in keys}, indent=2)
@@ -308,9 +335,9 @@ def _lineage(args: argparse.Namespace) -> str:
         if missing:
             raise LensBiasError(f"{', '.join(args.labels)} name no base for {missing}")
     result = seedprint.pairwise_lineage(
-        models, labels=labels, align=args.align, correction=args.correction, alpha=args.alpha, n=args.n, seq_len=args.seq_len,
-        vocab=args.vocab, m=args.m, ratio_k=args.ratio_k, cache=args.cache, progress=not args.no_progress,
-        null_fingerprints=[seedprint.Fingerprint.load(f) for f in seedprint.cache.expand_models(args.null_fingerprints) if f.endswith(".pt")],
+        models, FingerprintSettings(n=args.n, seq_len=args.seq_len, seed=args.input_seed, vocab=args.vocab),
+        LineageSettings(m=args.m, ratio_k=args.ratio_k, alpha=args.alpha, align=args.align), labels=labels, correction=args.correction,
+        cache=args.cache, progress=not args.no_progress, null_fingerprints=[seedprint.Fingerprint.load(f) for f in seedprint.cache.expand_models(args.null_fingerprints) if f.endswith(".pt")],
     )
     if args.out:
         out = Path(args.out)
@@ -334,12 +361,10 @@ def _train(args: argparse.Namespace) -> str:
         corpus = code() if args.corpus == "code" else text_files(args.corpus.split(","))
         data = TokenData.build(corpus, seq_len=args.seq_len, tokenizer_from=on_prose)
     out = Path(args.out)
-    run = train(
-        model, data, steps=args.steps, batch_size=args.batch_size, lr=args.lr, weight_decay=args.weight_decay,
-        data_seed=args.data_seed, bos=0 if args.bos else None, checkpoint_every=args.checkpoint_every,
-        checkpoint_dir=out if args.checkpoint_every else None, dtype=torch.bfloat16 if args.device.startswith("cuda") else None,
-        progress=not args.no_progress,
-    )
+    settings = TrainSettings(steps=args.steps, batch_size=args.batch_size, lr=args.lr, weight_decay=args.weight_decay, data_seed=args.data_seed,
+                             bos=0 if args.bos else None, dtype=torch.bfloat16 if args.device.startswith("cuda") else None)
+    run = train(model, data, settings, checkpoint_every=args.checkpoint_every, checkpoint_dir=out if args.checkpoint_every else None,
+                progress=not args.no_progress)
     out.mkdir(parents=True, exist_ok=True)
     save_checkpoint(model, out / "final.pt", step=args.steps)
     run.to_pandas().to_csv(out / "training.csv", index=False)

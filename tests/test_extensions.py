@@ -153,7 +153,7 @@ def test_a_null_is_one_file(extensions):
     assert result.null == "fixed normal" and result.null_details == {"sd": 0.02}
     assert seedprint.Null.from_dict(result.null_settings) == null_class(sd=0.02)
     assert seedprint.null_named("fixed-normal", sd=0.5) == null_class(sd=0.5)
-    calibration = seedprint.calibrate(lambda s: lens_bias.random_init("llama", seed=s, **small), inputs="tokens", n_pairs=2, n=64, seq_len=8,
+    calibration = seedprint.calibrate(lambda s: lens_bias.random_init("llama", seed=s, **small), kinds="tokens", n_pairs=2, n=64, seq_len=8,
                                       nulls=[null_class(sd=0.02)], m=32, progress=False)
     assert calibration.null.tolist() == ["fixed normal"] and calibration.pairs.tolist() == [2]
     assert "fixed-normal" in build_parser().parse_args(["seedprint", "a.pt", "b.pt", "--null", "fixed-normal"]).null

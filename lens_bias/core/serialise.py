@@ -20,14 +20,18 @@ __all__ = ["Serialisable", "to_jsonable", "from_jsonable", "parse_field", "parse
 
 S = TypeVar("S", bound="Serialisable")
 
-_TENSOR, _FRAME = "__tensor__", "__frame__"
+_TENSOR, _FRAME, _DTYPE = "__tensor__", "__frame__", "__dtype__"
 
 
 def to_jsonable(value: Any) -> Any:
-    """``value`` with every tensor and DataFrame inside it (lists, tuples, dicts) as plain JSON-ready data."""
+    """``value`` with every tensor, dtype, device and DataFrame inside it (lists, tuples, dicts) as plain JSON-ready data."""
     if isinstance(value, torch.Tensor):
         t = value.detach().cpu()
         return {_TENSOR: str(t.dtype).removeprefix("torch."), "shape": list(t.shape), "data": t.flatten().tolist()}
+    if isinstance(value, torch.dtype):
+        return {_DTYPE: str(value).removeprefix("torch.")}
+    if isinstance(value, torch.device):  # read back as its name, which every device argument takes
+        return str(value)
     if isinstance(value, pd.DataFrame):
         return {_FRAME: [str(c) for c in value.columns], "records": value.to_dict(orient="records")}
     if isinstance(value, dict):
@@ -39,13 +43,19 @@ def to_jsonable(value: Any) -> Any:
     raise LensBiasError(f"cannot write a {type(value).__name__} as JSON; result fields hold tensors, DataFrames and plain values")
 
 
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise LensBiasError(f"unknown dtype {name!r} in a saved result; was it written by lens_bias?")
+    return dtype
+
+
 def from_jsonable(value: Any) -> Any:
     """The inverse of :func:`to_jsonable` (tuples come back as lists)."""
     if isinstance(value, dict) and _TENSOR in value:
-        dtype = getattr(torch, value[_TENSOR], None)
-        if not isinstance(dtype, torch.dtype):
-            raise LensBiasError(f"unknown tensor dtype {value[_TENSOR]!r} in a saved result; was it written by lens_bias?")
-        return torch.tensor(value["data"], dtype=dtype).reshape(value["shape"])
+        return torch.tensor(value["data"], dtype=_dtype(value[_TENSOR])).reshape(value["shape"])
+    if isinstance(value, dict) and _DTYPE in value:
+        return _dtype(value[_DTYPE])
     if isinstance(value, dict) and _FRAME in value:
         return pd.DataFrame.from_records(value["records"], columns=value[_FRAME])
     if isinstance(value, dict):

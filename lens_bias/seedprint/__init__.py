@@ -36,12 +36,14 @@ from lens_bias.seedprint.families import LineageMatrix, pairwise_lineage
 from lens_bias.seedprint.fingerprints import (
     FeaturesLike,
     Fingerprint,
+    FingerprintSettings,
     fingerprint,
     regenerate_inputs,
 )
 from lens_bias.seedprint.lineage import (
     ALPHA,
     STRONG,
+    LineageSettings,
     SeedPrintResult,
     compare,
     fingerprint_like,
@@ -59,7 +61,7 @@ from lens_bias.seedprint.nulls import (
 from lens_bias.seedprint.statistic import MODES, identity_dims, tau_null_sd
 
 __all__ = [
-    "Fingerprint", "SeedPrintResult", "fingerprint", "lineage_test", "compare", "fingerprint_like", "calibrate", "identity_dims", "tau_null_sd",
+    "Fingerprint", "FingerprintSettings", "LineageSettings", "SeedPrintResult", "fingerprint", "lineage_test", "compare", "fingerprint_like", "calibrate", "identity_dims", "tau_null_sd",
     "seed_null_fingerprints", "regenerate_inputs", "Null", "AnalyticNull", "EmpiricalNull", "SeedsNull", "null_named", "NULLS", "MODES",
     "FeaturesLike", "ALPHA", "STRONG", "ALIGN_MODES", "pairwise_lineage", "LineageMatrix",
 ]

@@ -12,29 +12,31 @@ from tqdm.auto import tqdm
 from lens_bias.core import memory
 from lens_bias.core.adapter import ModelAdapter
 from lens_bias.core.errors import LensBiasError
+from lens_bias.core.settings import overridden, route_keywords
 from lens_bias.seedprint.align import AlignMode, check_align
-from lens_bias.seedprint.fingerprints import Fingerprint, fingerprint
-from lens_bias.seedprint.lineage import lineage_test
+from lens_bias.seedprint.fingerprints import Fingerprint, FingerprintSettings, fingerprint
+from lens_bias.seedprint.lineage import LineageSettings, lineage_test
 from lens_bias.seedprint.nulls import AnalyticNull, Null, SeedsNull
 
-__all__ = ["calibrate"]
+__all__ = ["calibrate", "CALIBRATION"]
+
+
+CALIBRATION = FingerprintSettings(n=500, seq_len=32)
+"""The fingerprints of :func:`calibrate` by default (every model of a calibration is fingerprinted)."""
 
 
 def calibrate(
     factory: Callable[[int], Any],
+    settings: FingerprintSettings | None = None,
+    test: LineageSettings | None = None,
     *,
-    inputs: Union[str, Sequence[str]] = ("tokens", "embeddings"),
+    kinds: Union[str, Sequence[str]] = ("tokens", "embeddings"),
     n_pairs: int = 100,
-    n: int = 500,
-    seq_len: int = 32,
-    seed: int = 42,
-    vocab: int | None = None,
     nulls: Sequence[Null] = (AnalyticNull(), SeedsNull()),
-    alpha: float = 0.01,
-    first_seed: int = 0,
     aligns: Sequence[AlignMode] = (None,),
+    first_seed: int = 0,
     progress: bool = True,
-    **test_kwargs: Any,
+    **overrides: Any,
 ) -> pd.DataFrame:
     """False-positive rate of each null on pairs of independent random inits of one architecture.
 
@@ -46,31 +48,34 @@ def calibrate(
 
     Args:
         factory: ``seed -> model``, e.g. ``lambda s: lens_bias.random_init("llama", d_model=128, seed=s)``.
-        inputs: "tokens", "embeddings" or both.
+        settings: the fingerprints (default :data:`CALIBRATION`); each input kind replaces its ``inputs``.
+        test: the test of every pair (:class:`~lens_bias.seedprint.LineageSettings`); its ``null`` and ``align``
+            are those of ``nulls`` and ``aligns``.
+        kinds: input kinds, "tokens", "embeddings" or both.
         n_pairs: independent model pairs.
-        n: as in :func:`~lens_bias.seedprint.fingerprint`.
-        seq_len: as in :func:`~lens_bias.seedprint.fingerprint`.
-        seed: as in :func:`~lens_bias.seedprint.fingerprint`.
-        vocab: as in :func:`~lens_bias.seedprint.fingerprint`.
         nulls: the nulls to calibrate (one row each per input kind, named by their label).
-        alpha: the significance level.
-        first_seed: the first init seed.
         aligns: the align modes to test each pair under (``None`` is the published test; see
             :mod:`lens_bias.seedprint.align`): an alignment that overfits shows here as a false-positive rate.
+        first_seed: the first init seed.
         progress: a progress bar over models.
-        **test_kwargs: m, ratio_k, mode, temperature, fit_fraction for :func:`~lens_bias.seedprint.lineage_test`.
+        **overrides: fields of either settings class (``n=64, m=32``), which replace theirs.
 
     Returns:
         One row per input kind, align mode and null: pairs, false positives, FPR, and the median τ̄ and log10 p.
     """
-    kinds = [inputs] if isinstance(inputs, str) else list(inputs)
+    routed = route_keywords(overrides, {"settings": FingerprintSettings, "test": LineageSettings}, "calibrate()")
+    if "inputs" in routed["settings"]:
+        raise LensBiasError("calibrate takes the input kinds as kinds=('tokens', 'embeddings'), not inputs=")
+    if "align" in routed["test"] or "null" in routed["test"]:
+        raise LensBiasError("calibrate takes aligns=[...] and nulls=[...] (every one is tested on the same fingerprints), not align= or null=")
+    prints_with = overridden(FingerprintSettings, settings if settings is not None else CALIBRATION, routed["settings"], "calibrate()")
+    testing = overridden(LineageSettings, test, routed["test"], "calibrate()")
+    kinds = [kinds] if isinstance(kinds, str) else list(kinds)
     if not all(isinstance(null, Null) for null in nulls):
         raise LensBiasError(f"nulls must be null objects such as (AnalyticNull(), SeedsNull()), got {list(nulls)!r}")
     # fresh inits are drawn here for the seeds nulls that bring no models of their own
     n_fresh = max((null.fresh_inits_needed() for null in nulls), default=0)
     prints: dict[str, list[Fingerprint]] = {kind: [] for kind in kinds}
-    if "align" in test_kwargs:
-        raise LensBiasError("calibrate takes aligns=[...] (every mode is tested on the same fingerprints), not align=")
     for align in aligns:  # before any model is fingerprinted
         check_align(align)
     if isinstance(n_pairs, bool) or not isinstance(n_pairs, int) or n_pairs < 1:
@@ -78,9 +83,9 @@ def calibrate(
     for s in tqdm(range(first_seed, first_seed + n_fresh + 2 * n_pairs), desc="calibration models", disable=not progress):
         model = factory(s)
         if s == first_seed:  # every fingerprint is kept until the tests: refuse a count whose features cannot fit
-            _check_kept(n_fresh + 2 * n_pairs, len(kinds) * n * ModelAdapter(model).info.d_model * 4, n_fresh)
+            _check_kept(n_fresh + 2 * n_pairs, len(kinds) * prints_with.n * ModelAdapter(model).info.d_model * 4, n_fresh)
         for kind in kinds:
-            prints[kind].append(fingerprint(model, inputs=kind, n=n, seq_len=seq_len, seed=seed, vocab=vocab, progress=False))
+            prints[kind].append(fingerprint(model, prints_with, inputs=kind, progress=False))
     rows = []
     for kind in kinds:
         fresh, pairs = prints[kind][:n_fresh], prints[kind][n_fresh:]
@@ -88,7 +93,7 @@ def calibrate(
             null = null.with_fresh_inits(fresh)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # the unsafe-regime warning is what this function measures
-                outcomes = [lineage_test(pairs[2 * i], pairs[2 * i + 1], null=null, alpha=alpha, align=align, **test_kwargs) for i in range(n_pairs)]
+                outcomes = [lineage_test(pairs[2 * i], pairs[2 * i + 1], testing, null=null, align=align) for i in range(n_pairs)]
             false = sum(r.same_lineage for r in outcomes)
             rows.append(
                 {
@@ -98,7 +103,7 @@ def calibrate(
                     "pairs": n_pairs,
                     "false_positives": false,
                     "fpr": false / n_pairs,
-                    "alpha": alpha,
+                    "alpha": testing.alpha,
                     "median_tau_bar": float(np.median([r.tau_bar for r in outcomes])),
                     "median_log10_p": float(np.median([r.log10_p for r in outcomes])),
                 }

@@ -27,7 +27,7 @@ import logging
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence, Union
+from typing import Any, Mapping, Sequence, Union
 
 import pandas as pd
 import torch
@@ -40,17 +40,18 @@ from lens_bias.core.errors import LensBiasError
 from lens_bias.core.figures import new_figure
 from lens_bias.core.files import atomic_write_text
 from lens_bias.core.serialise import Serialisable
+from lens_bias.core.settings import overridden, route_keywords
 from lens_bias.core.stats import adjust_p, detection_metrics
 from lens_bias.models import load_model
 from lens_bias.models.transforms import random_inits
 from lens_bias.seedprint.align import AlignMode, check_align
 from lens_bias.seedprint.cache import FingerprintCache, content_key, expand_models, fingerprint_file
-from lens_bias.seedprint.fingerprints import Fingerprint, fingerprint, regenerate_inputs
-from lens_bias.seedprint.lineage import ALPHA, lineage_test
+from lens_bias.seedprint.fingerprints import Fingerprint, FingerprintSettings, fingerprint, regenerate_inputs
+from lens_bias.seedprint.lineage import LineageSettings, lineage_test
 from lens_bias.seedprint.nulls import AnalyticNull, Null, SeedsNull
 from lens_bias.seedprint.vocabulary import is_renamed, renamed_ids
 
-__all__ = ["pairwise_lineage", "LineageMatrix", "CORRECTIONS"]
+__all__ = ["pairwise_lineage", "LineageMatrix", "CORRECTIONS", "PAIRWISE"]
 
 logger = logging.getLogger(__name__)
 
@@ -137,146 +138,199 @@ def _short(name: str, width: int = 28) -> str:
     return name if len(name) <= width else "…" + name[-(width - 1):]
 
 
+PAIRWISE = FingerprintSettings(n=256, seq_len=32)
+"""The fingerprints of :func:`pairwise_lineage` by default: short, since every model of a run is fingerprinted."""
+
+
 def pairwise_lineage(
     models: Sequence[Union[str, Any, Fingerprint]],
+    settings: FingerprintSettings | None = None,
+    test: LineageSettings | None = None,
     *,
     names: Sequence[str] | None = None,
     labels: Union[Sequence[str], Mapping[str, str], None] = None,
-    align: AlignMode = None,
-    null: Null | None = None,
     n_null: int = 10,
     null_fingerprints: Sequence[Fingerprint] = (),
     correction: str = "holm",
-    alpha: float = ALPHA,
-    n: int = 256,
-    seq_len: int = 32,
-    seed: int = 42,
-    vocab: int | None = None,
-    m: int | None = None,
-    ratio_k: float = 0.1,
     cache: Union[str, Path, bool, None] = None,
     progress: bool = True,
+    **overrides: Any,
 ) -> LineageMatrix:
     """Test every pair of ``models`` for shared lineage, adjust for the number of tests, and find the families.
 
     Args:
         models: MODEL strings (a folder of models counts as its models: :func:`~lens_bias.seedprint.cache.expand_models`), loaded TransformerLens
             models, or :class:`~lens_bias.seedprint.Fingerprint` objects made on the same inputs.
+        settings: the fingerprints, on drawn tokens (default :data:`PAIRWISE`; ``vocab`` None: the smallest
+            vocabulary among the models).
+        test: every pair's :class:`~lens_bias.seedprint.LineageSettings`; with an ``align`` mode and no ``null``,
+            each pair is judged against a seeds null of ``n_null`` random inits of its base's configuration, aligned
+            the same way (without one, the analytic null).
         names: what to call them (default: the MODEL strings; ``model i`` for objects).
         labels: the base each model descends from (a list in model order, or ``{name: base}``); with them the
             result carries LeaFBench's metrics over every pair (related = same base).
-        align: ``None`` or an alignment mode (:mod:`lens_bias.seedprint.align`); with one, the default null is a
-            seeds null of ``n_null`` random inits of each base's configuration, aligned the same way.
-        null: the null of every pair's test instead (default: the analytic null without alignment).
         n_null: fresh random inits per configuration of the aligned default null.
         null_fingerprints: with an alignment, the null of a saved fingerprint (which has no model to re-initialise):
             a seeds null of those of its width, less the two under test (e.g. the random inits ``lens-bias
             descendants --out`` saves).
         correction: "holm" (family-wise error) or "bh" (false discovery rate).
-        alpha: the level of the adjusted verdicts.
-        n: random token sequences fingerprinted.
-        seq_len: tokens per sequence.
-        seed: seed of the inputs.
-        vocab: token IDs are drawn below this (default: the smallest vocabulary among the models).
-        m: identity dimensions (default ⌊ratio_k · D⌋).
-        ratio_k: as in :func:`~lens_bias.seedprint.lineage_test`.
         cache: a folder for fingerprints (default ``$LENS_BIAS_CACHE/fingerprints``), or False for none.
         progress: a progress bar over the models.
+        **overrides: fields of either settings class (``n=64, m=16``), which replace theirs.
 
     Returns:
         A :class:`LineageMatrix`.
     """
-    sources = expand_models(list(models)) if all(isinstance(x, str) for x in models) else list(models)
-    if len(sources) < 2:
-        raise LensBiasError(f"lineage needs at least 2 models, got {len(sources)}")
+    routed = route_keywords(overrides, {"settings": FingerprintSettings, "test": LineageSettings}, "pairwise_lineage()")
+    prints_with = overridden(FingerprintSettings, settings if settings is not None else PAIRWISE, routed["settings"], "pairwise_lineage()")
+    testing = overridden(LineageSettings, test, routed["test"], "pairwise_lineage()")
+    if prints_with.inputs != "tokens":
+        raise LensBiasError(f"pairwise_lineage fingerprints drawn token inputs (settings.inputs='tokens'), got {prints_with.inputs!r}")
     if correction not in CORRECTIONS:
         raise LensBiasError(f"correction must be one of {CORRECTIONS}, got {correction!r}")
-    check_align(align)
-    names = [str(x) if isinstance(x, str) else f"model {i}" for i, x in enumerate(sources)] if names is None else list(names)
-    if len(names) != len(sources) or len(set(names)) != len(names):
-        raise LensBiasError(f"names must be {len(sources)} distinct strings, one per model")
-    store = FingerprintCache(cache)
-    sources = [fingerprint_file(x) or x if isinstance(x, str) else x for x in sources]
-    keys = [content_key(x) if isinstance(x, str) else None for x in sources]
-    loaded: dict[int, Any] = {}
-
-    def load(i: int) -> Any:
-        return load_model(sources[i]) if isinstance(sources[i], str) else sources[i]
-
-    def model_of(i: int) -> Any:  # loaded once for its fingerprint, its sketch and its vocabulary
-        if i not in loaded:
-            loaded[i] = load(i)
-        return loaded[i]
-
-    if vocab is None:
-        vocab = min(int(x.inputs.get("vocab") or x.model["d_vocab"]) if isinstance(x, Fingerprint) else _vocab(store, keys[i], model_of, i)
-                    for i, x in enumerate(sources))
-    spec = {"inputs": "tokens", "n": n, "seq_len": seq_len, "seed": seed, "vocab": vocab}
-    prints: list[Fingerprint] = []
-    sketches: list[Tensor | None] = []  # embedding sketches: which vocabularies are another's renamed
-    seconds: dict[str, float] = {}
-    for i in tqdm(range(len(sources)), desc="fingerprints", disable=not progress):
-        started = time.perf_counter()
-        if isinstance(sources[i], Fingerprint):
-            prints.append(sources[i])
-            sketches.append(None)
-        else:
-            fp = store.load(keys[i], spec) if keys[i] is not None else None
-            if fp is None:
-                fp = fingerprint(model_of(i), inputs="tokens", n=n, seq_len=seq_len, seed=seed, vocab=vocab, progress=False)
-                if keys[i] is not None:
-                    store.save(keys[i], spec, fp)
-            prints.append(fp)
-            sketches.append(store.sketch(keys[i], lambda: model_of(i)))
-        seconds[names[i]] = time.perf_counter() - started
-        loaded.pop(i, None)  # one model in memory at a time
-    renamed = _renamed_prints(keys, prints, sketches, store, spec, load, seconds, names)
-    nulls: dict[int, Null] = {}
-
-    def null_of(i: int, j: int | None = None) -> Null:  # the null base i is judged against (in pair i, j), made when first needed
-        if null is not None or align is None:
-            return null if null is not None else AnalyticNull()
-        if isinstance(sources[i], Fingerprint):  # no model to re-initialise: the given fingerprints of its width
-            tested = [prints[k] for k in (i, j) if k is not None]
-            pool = [fp for fp in null_fingerprints if fp.d == prints[i].d and not any(torch.equal(fp.features, t.features) for t in tested)]
-            if len(pool) < 2:
-                raise LensBiasError(f"an aligned test of the saved fingerprint {names[i]} needs a seeds null of its width ({prints[i].d}): "
-                                    "pass null_fingerprints= (lens-bias lineage --null-fingerprints), e.g. the random inits lens-bias descendants --out saved")
-            return SeedsNull(fingerprints=pool, label="the given fingerprints of its width")
-        if i not in nulls:
-            nulls[i] = _aligned_null(store, keys[i], lambda: model_of(i), prints[i], n_null, spec)
-        return nulls[i]
-
-    size = len(sources)
+    check_align(testing.align)
+    run = _Run.of(models, names, cache)
+    if prints_with.vocab is None:
+        prints_with = replace(prints_with, vocab=min(run.vocab(i) for i in range(run.size)))
+    prints, sketches, seconds = run.fingerprints(prints_with, progress)
+    renamed = _renamed_prints(run, prints, sketches, seconds)
+    nulls = _Nulls(testing, n_null, null_fingerprints, run, prints)
+    size = run.size
     tau, log10_p = torch.full((size, size), float("nan")), torch.zeros(size, size)
     # models of different widths cannot share an init: such pairs are not tested (p 1, τ̄ NaN) and not counted
     pairs = [(i, j) for i in range(size) for j in range(i + 1, size) if prints[i].d == prints[j].d]
     if len(pairs) < size * (size - 1) // 2:
         logger.info("%d of %d pairs have different widths and are not tested", size * (size - 1) // 2 - len(pairs), size * (size - 1) // 2)
     for i, j in tqdm(pairs, desc="pairs", disable=not progress):
-        res = lineage_test(prints[i], renamed.get((i, j), prints[j]), m=m, ratio_k=ratio_k, null=null_of(i, j), alpha=alpha, align=align)
+        res = lineage_test(prints[i], renamed.get((i, j), prints[j]), replace(testing, null=nulls.of(i, j)))
         tau[i, j] = tau[j, i] = res.tau_bar
         log10_p[i, j] = log10_p[j, i] = res.log10_p
     adjusted_flat = adjust_p([10 ** log10_p[i, j].item() for i, j in pairs], correction) if pairs else []
-    adjusted = torch.ones(size, size)
+    adjusted, tested = torch.ones(size, size), torch.zeros(size, size, dtype=torch.bool)
     for (i, j), value in zip(pairs, adjusted_flat):
         adjusted[i, j] = adjusted[j, i] = float(value)
-    related = adjusted < alpha
-    related.fill_diagonal_(False)
-    tested = torch.zeros(size, size, dtype=torch.bool)
-    for i, j in pairs:
         tested[i, j] = tested[j, i] = True
-    label_list = _labels(labels, names)
-    metrics = None
-    if label_list is not None:
-        same = [label_list[i] == label_list[j] for i, j in pairs]
-        if any(same) and not all(same):
-            metrics = detection_metrics([-log10_p[i, j].item() for i, j in pairs], same)
+    related = adjusted < testing.alpha
+    related.fill_diagonal_(False)
+    label_list = _labels(labels, run.names)
+    same = [label_list[i] == label_list[j] for i, j in pairs] if label_list is not None else []
+    metrics = detection_metrics([-log10_p[i, j].item() for i, j in pairs], same) if any(same) and not all(same) else None
     return LineageMatrix(
-        names=names, tau_bar=tau, log10_p=log10_p, p_adjusted=adjusted, related=related, families=_families(names, related),
-        correction=correction, alpha=alpha, align=align, null=null_of(*pairs[0]).to_dict() if pairs else AnalyticNull().to_dict(), inputs=_inputs_record(sources, prints, spec), seconds=seconds,
-        labels=label_list, metrics=metrics, renamed=[(names[i], names[j]) for i, j in sorted(renamed)], tested=tested,
+        names=run.names, tau_bar=tau, log10_p=log10_p, p_adjusted=adjusted, related=related, families=_families(run.names, related),
+        correction=correction, alpha=testing.alpha, align=testing.align, null=(nulls.of(*pairs[0]) if pairs else AnalyticNull()).to_dict(),
+        inputs=_inputs_record(run.sources, prints, run.spec), seconds=seconds, labels=label_list, metrics=metrics,
+        renamed=[(run.names[i], run.names[j]) for i, j in sorted(renamed)], tested=tested,
     )
+
+
+@dataclass
+class _Run:
+    """The models of one lineage run: each loaded when first needed, once, and known by the hash of its content."""
+
+    sources: list[Any]  # MODEL strings (a fingerprint file's name already read), models or fingerprints
+    names: list[str]
+    keys: list[str | None]  # the content key of each MODEL string
+    store: FingerprintCache
+    spec: dict[str, Any] = field(default_factory=dict)  # the fingerprints' input spec, set by fingerprints()
+    loaded: dict[int, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, models: Sequence[Any], names: Sequence[str] | None, cache: Union[str, Path, bool, None]) -> "_Run":
+        sources = expand_models(list(models)) if all(isinstance(x, str) for x in models) else list(models)
+        if len(sources) < 2:
+            raise LensBiasError(f"lineage needs at least 2 models, got {len(sources)}")
+        names = [str(x) if isinstance(x, str) else f"model {i}" for i, x in enumerate(sources)] if names is None else list(names)
+        if len(names) != len(sources) or len(set(names)) != len(names):
+            raise LensBiasError(f"names must be {len(sources)} distinct strings, one per model")
+        sources = [fingerprint_file(x) or x if isinstance(x, str) else x for x in sources]
+        return cls(sources, names, [content_key(x) if isinstance(x, str) else None for x in sources], FingerprintCache(cache))
+
+    @property
+    def size(self) -> int:
+        return len(self.sources)
+
+    def load(self, i: int) -> Any:
+        """Model i, loaded anew (the caller frees it)."""
+        return load_model(self.sources[i]) if isinstance(self.sources[i], str) else self.sources[i]
+
+    def model(self, i: int) -> Any:
+        """Model i, loaded once for its fingerprint, its sketch and its vocabulary."""
+        if i not in self.loaded:
+            self.loaded[i] = self.load(i)
+        return self.loaded[i]
+
+    def vocab(self, i: int) -> int:
+        """Model i's vocabulary size: a fingerprint's record, or the card in the cache (so a cached model is not loaded)."""
+        x, key = self.sources[i], self.keys[i]
+        if isinstance(x, Fingerprint):
+            return int(x.inputs.get("vocab") or x.model["d_vocab"])
+        card = self.store.folder / f"{key}.json" if self.store.folder is not None and key is not None else None
+        if card is not None and card.exists():
+            return int(json.loads(card.read_text())["d_vocab"])
+        d_vocab = ModelAdapter(self.model(i)).info.d_vocab
+        if card is not None:
+            card.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(card, json.dumps({"d_vocab": d_vocab}))
+        return d_vocab
+
+    def fingerprints(self, settings: FingerprintSettings, progress: bool) -> tuple[list[Fingerprint], list[Tensor | None], dict[str, float]]:
+        """Every model's fingerprint (from the cache where it is there), its embedding sketch (which vocabularies are
+        another's renamed) and the seconds it took; one model in memory at a time."""
+        self.spec = {"inputs": "tokens", "n": settings.n, "seq_len": settings.seq_len, "seed": settings.seed, "vocab": settings.vocab}
+        if settings.dtype is not None:
+            self.spec["dtype"] = str(settings.dtype)
+        prints: list[Fingerprint] = []
+        sketches: list[Tensor | None] = []
+        seconds: dict[str, float] = {}
+        for i in tqdm(range(self.size), desc="fingerprints", disable=not progress):
+            started, x, key = time.perf_counter(), self.sources[i], self.keys[i]
+            if isinstance(x, Fingerprint):
+                prints.append(x)
+                sketches.append(None)
+            else:
+                fp = self.store.load(key, self.spec) if key is not None else None
+                if fp is None:
+                    fp = _made(self.model(i), settings)
+                    if key is not None:
+                        self.store.save(key, self.spec, fp)
+                prints.append(fp)
+                sketches.append(self.store.sketch(key, lambda: self.model(i)))
+            seconds[self.names[i]] = time.perf_counter() - started
+            self.loaded.pop(i, None)
+        return prints, sketches, seconds
+
+
+def _made(model: Any, settings: FingerprintSettings) -> Fingerprint:
+    fp = fingerprint(model, settings, progress=False)
+    assert fp is not None  # only a distributed run hands ranks other than 0 no fingerprint
+    return fp
+
+
+@dataclass
+class _Nulls:
+    """The null each pair is judged against: the test's own, the analytic one, or with an alignment a seeds null of
+    the base's configuration (made when first needed, one per base)."""
+
+    test: LineageSettings
+    n_null: int
+    null_fingerprints: Sequence[Fingerprint]
+    run: _Run
+    prints: list[Fingerprint]
+    made: dict[int, Null] = field(default_factory=dict)
+
+    def of(self, i: int, j: int) -> Null:
+        if self.test.null is not None or self.test.align is None:
+            return self.test.null if self.test.null is not None else AnalyticNull()
+        if isinstance(self.run.sources[i], Fingerprint):  # no model to re-initialise: the given fingerprints of its width
+            tested = [self.prints[i], self.prints[j]]
+            pool = [fp for fp in self.null_fingerprints if fp.d == self.prints[i].d and not any(torch.equal(fp.features, t.features) for t in tested)]
+            if len(pool) < 2:
+                raise LensBiasError(f"an aligned test of the saved fingerprint {self.run.names[i]} needs a seeds null of its width ({self.prints[i].d}): "
+                                    "pass null_fingerprints= (lens-bias lineage --null-fingerprints), e.g. the random inits lens-bias descendants --out saved")
+            return SeedsNull(fingerprints=pool, label="the given fingerprints of its width")
+        if i not in self.made:
+            self.made[i] = _aligned_null(self.run, i, self.prints[i], self.n_null)
+        return self.made[i]
 
 
 def _inputs_record(sources: Sequence[Any], prints: Sequence[Fingerprint], spec: Mapping[str, Any]) -> dict[str, Any]:
@@ -287,10 +341,7 @@ def _inputs_record(sources: Sequence[Any], prints: Sequence[Fingerprint], spec: 
     return {key: given.inputs.get(key) for key in ("kind", "n", "seq_len", "seed", "vocab")}
 
 
-def _renamed_prints(
-    keys: Sequence[str | None], prints: Sequence[Fingerprint], sketches: Sequence[Tensor | None], store: "FingerprintCache",
-    spec: Mapping[str, Any], load: Callable[[int], Any], seconds: dict[str, float], names: Sequence[str],
-) -> dict[tuple[int, int], Fingerprint]:
+def _renamed_prints(run: _Run, prints: Sequence[Fingerprint], sketches: Sequence[Tensor | None], seconds: dict[str, float]) -> dict[tuple[int, int], Fingerprint]:
     """For each pair (i, j) where j's vocabulary is i's renamed, j's fingerprint on i's tokens under j's IDs, so that a
     renaming, which leaves a model the same on text, cannot hide a descendant. One fingerprint per model and renaming
     (the models that share i's token order share it), cached under the model's key and the renamed IDs' digest."""
@@ -303,41 +354,31 @@ def _renamed_prints(
         digest = hashlib.sha256(ids.numpy().tobytes()).hexdigest()[:16]
         if (j, digest) not in made:
             started = time.perf_counter()
-            renamed_spec = {**spec, "renamed_ids": digest}
-            fp = store.load(keys[j], renamed_spec) if keys[j] is not None else None
+            renamed_spec, key = {**run.spec, "renamed_ids": digest}, run.keys[j]
+            fp = run.store.load(key, renamed_spec) if key is not None else None
             if fp is None:
-                logger.info("%s reads %s's tokens under its renamed vocabulary", names[j], names[i])
-                fp = replace(fingerprint(load(j), inputs=ids, progress=False), inputs={**prints[i].inputs, "renamed": True})
-                if keys[j] is not None:
-                    store.save(keys[j], renamed_spec, fp)
+                logger.info("%s reads %s's tokens under its renamed vocabulary", run.names[j], run.names[i])
+                fp = replace(_made(run.load(j), FingerprintSettings(inputs=ids)), inputs={**prints[i].inputs, "renamed": True})
+                if key is not None:
+                    run.store.save(key, renamed_spec, fp)
             made[(j, digest)] = fp
-            seconds[names[j]] += time.perf_counter() - started
+            seconds[run.names[j]] += time.perf_counter() - started
         out[(i, j)] = made[(j, digest)]
     return out
 
 
-def _vocab(store: FingerprintCache, key: str | None, model_of: Any, i: int) -> int:
-    """A model's vocabulary size, from its card in the cache when there is one (so a cached model is not loaded)."""
-    card = store.folder / f"{key}.json" if store.folder is not None and key is not None else None
-    if card is not None and card.exists():
-        return int(json.loads(card.read_text())["d_vocab"])
-    d_vocab = ModelAdapter(model_of(i)).info.d_vocab
-    if card is not None:
-        card.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(card, json.dumps({"d_vocab": d_vocab}))
-    return d_vocab
-
-
-def _aligned_null(store: FingerprintCache, key: str | None, load: Any, base: Fingerprint, n_null: int, spec: Mapping[str, Any]) -> Null:
-    """A seeds null of ``n_null`` random inits of the base's configuration on its inputs (cached with the model)."""
-    seeds = range(_NULL_FIRST_SEED, _NULL_FIRST_SEED + n_null)
-    prints = [store.load(f"{key}-init{s}", spec) if key is not None else None for s in seeds]
-    if any(fp is None for fp in prints):
+def _aligned_null(run: _Run, i: int, base: Fingerprint, n_null: int) -> Null:
+    """A seeds null of ``n_null`` random inits of model i's configuration on its inputs (cached with the model)."""
+    seeds, key = range(_NULL_FIRST_SEED, _NULL_FIRST_SEED + n_null), run.keys[i]
+    cached = [run.store.load(f"{key}-init{s}", run.spec) if key is not None else None for s in seeds]
+    prints = [fp for fp in cached if fp is not None]
+    if len(prints) < n_null:
         prints = []
-        for s, fresh in zip(seeds, random_inits(load(), seeds)):
-            fp = fingerprint(fresh, inputs="tokens", n=base.n, seq_len=base.inputs["seq_len"], seed=base.inputs["seed"], vocab=base.inputs["vocab"], progress=False)
+        same = FingerprintSettings(n=base.n, seq_len=base.inputs["seq_len"], seed=base.inputs["seed"], vocab=base.inputs["vocab"])
+        for s, fresh in zip(seeds, random_inits(run.model(i), seeds)):
+            fp = _made(fresh, same)
             if key is not None:
-                store.save(f"{key}-init{s}", spec, fp)
+                run.store.save(f"{key}-init{s}", run.spec, fp)
             prints.append(fp)
     return SeedsNull(fingerprints=prints, label=f"{n_null} random inits of its configuration")
 

@@ -39,8 +39,10 @@ from lens_bias.core.inputs import (
     resolve_inputs,
 )
 from lens_bias.core.probes import last_position
+from lens_bias.core.serialise import Serialisable
+from lens_bias.core.settings import overridden
 
-__all__ = ["Fingerprint", "fingerprint", "regenerate_inputs", "as_features", "check_compatible", "FeaturesLike"]
+__all__ = ["Fingerprint", "FingerprintSettings", "fingerprint", "regenerate_inputs", "as_features", "check_compatible", "FeaturesLike"]
 
 logger = logging.getLogger(__name__)
 
@@ -140,20 +142,31 @@ def _with_device_dtype(model: Any, device: Union[str, torch.device, None], dtype
     return tl.move(tl.move(clone, want_device), want_dtype)
 
 
+@dataclass(frozen=True)
+class FingerprintSettings(Serialisable):
+    """What a fingerprint is made from: the random inputs, and how they go through the model.
+
+    Two fingerprints are compared only when their inputs match, so every field that shapes the inputs is recorded
+    in the fingerprint; ``batch_size``, ``device`` and ``dtype`` change how the pass runs, not what it reads.
+
+    >>> FingerprintSettings(n=512).seq_len
+    1024
+    """
+
+    inputs: Union[str, Inputs] = "tokens"  # "tokens": IDs uniform in [0, vocab); "embeddings": N(0, embed_std) in place of the token
+    # embedding, the same inputs for every model of one width; or explicit token IDs / embeddings (resolve_inputs)
+    n: int = 2000  # random sequences: the papers' N
+    seq_len: int = 1024  # tokens per sequence: the papers' length
+    seed: int = 42  # seed of the random inputs: the papers'
+    vocab: int | None = None  # IDs are drawn below this: the smallest vocabulary of the models compared (None: the model's)
+    embed_std: float | None = None  # std of embedding inputs (None: a lens_bias model's recorded init std, else 0.02, HF's range)
+    batch_size: int | None = None  # sequences per forward pass (None: what the memory plan allows)
+    device: Union[str, torch.device, None] = None  # run a copy of the model there (None: where the model is)
+    dtype: torch.dtype | None = None  # run a copy in this dtype (None: the model's, but bfloat16 for float16, which overflows)
+
+
 def fingerprint(
-    model: Any,
-    *,
-    inputs: Union[str, Inputs] = "tokens",
-    n: int = 2000,
-    seq_len: int = 1024,
-    seed: int = 42,
-    vocab: int | None = None,
-    embed_std: float | None = None,
-    batch_size: int | None = None,
-    device: Union[str, torch.device, None] = None,
-    dtype: torch.dtype | None = None,
-    progress: bool = True,
-    distributed: bool = False,
+    model: Any, settings: FingerprintSettings | None = None, *, progress: bool = True, distributed: bool = False, **overrides: Any
 ) -> Fingerprint | None:
     """SeedPrint features of ``model``: its readout at the last position of N random inputs.
 
@@ -164,30 +177,49 @@ def fingerprint(
 
     Args:
         model: any TransformerLens model (never modified).
-        inputs: "tokens" (IDs uniform in ``[0, vocab)``), "embeddings" (N(0, embed_std) in place of the token
-            embedding: the same inputs for every model of one width, where :func:`lens_bias.core.inputs.random_embeddings`
-            without ``std`` would follow each model's own ``W_E``), or explicit token IDs / embeddings; all resolved
-            by :func:`lens_bias.core.inputs.resolve_inputs`.
-        n: number of random sequences.
-        seq_len: tokens per sequence (the papers use 1024).
-        seed: seed of the random inputs (the papers use 42).
-        vocab: token IDs are drawn below this; use the smallest vocabulary of the models you will compare
-            (default: this model's ``d_vocab``).
-        embed_std: std of embedding inputs (default: the recorded init std of a lens_bias model, else 0.02, the
-            Hugging Face initializer range).
-        batch_size: sequences per forward pass.
-        device: run on this device (a copy of the model is moved, not the model itself).
-        dtype: run in this dtype (default: the model's, but bfloat16 for float16 models).
+        settings: the inputs and the pass (:class:`FingerprintSettings`; its defaults are the papers').
         progress: a progress bar over batches.
         distributed: under ``torchrun --nproc_per_node K``, shard the inputs across the K ranks (whole batches,
             NCCL on GPUs with each rank on ``cuda:LOCAL_RANK``, gloo on CPU) and gather the features on rank 0 in
             input order; the result equals the single-process fingerprint.
+        **overrides: fields of :class:`FingerprintSettings` (``n=512``), which replace those of ``settings``.
 
     Returns:
         A :class:`Fingerprint` (with ``distributed=True``: on rank 0; the other ranks get ``None``).
     """
+    s = overridden(FingerprintSettings, settings, overrides, "fingerprint()")
     spec = getattr(model, "lens_bias_spec", None)
+    data, described = _drawn_inputs(model, s, spec)
+    adapter = ModelAdapter(model)
+    readout = adapter.readout_probe()
+    # the gain-free reading, where the readout is not already it
+    probes = [readout] + ([last_position(NORMALIZED)] if adapter.has_hook(NORMALIZED) and readout.key != f"{NORMALIZED}:last" else [])
+    keys = [p.key for p in probes]
+    if distributed:
+        distributed_run.ensure_process_group()
+        runner = _with_device_dtype(model, s.device if s.device is not None else distributed_run.local_device(), s.dtype)
+        readings = _sharded_readings(runner, data, probes, s.batch_size, progress)
+        if readings is None:
+            return None
+    else:
+        runner = _with_device_dtype(model, s.device, s.dtype)
+        readings = ModelAdapter(runner).collect(data, probes, batch_size=s.batch_size, progress=progress, desc="fingerprint")
+    described["digest"] = _digest(data)  # after the pass: a count the memory guard refuses is refused after one batch
+    return Fingerprint(
+        features=readings[readout.key].contiguous(),
+        normalized=readings[keys[1]].contiguous() if len(keys) > 1 else None,
+        inputs=described,
+        model=ModelAdapter(runner).info.to_dict(),
+        spec=spec.to_dict() if spec is not None else None,
+        versions=_versions(),
+    )
+
+
+def _drawn_inputs(model: Any, s: FingerprintSettings, spec: Any) -> tuple[Inputs, dict[str, Any]]:
+    """The inputs of ``s`` for ``model``, and their record: what regenerate_inputs needs to draw them again (of the
+    user's own tensor, only its digest, added after the pass)."""
     info = ModelAdapter(model).info
+    inputs, vocab = s.inputs, s.vocab
     if isinstance(inputs, str):
         if inputs not in ("tokens", "embeddings"):  # text: a seeds null could not regenerate it from the record
             raise LensBiasError(f"inputs must be 'tokens', 'embeddings' or a tensor, got {inputs!r}")
@@ -198,48 +230,29 @@ def fingerprint(
         vocab = info.d_vocab  # explicit token IDs are checked against the model's vocabulary
     else:
         raise WrongType(f"inputs must be 'tokens', 'embeddings', a tensor, RandomTokens or RandomEmbeddings, got {type(inputs).__name__}")
-    std = embed_std if embed_std is not None else (spec.init_std if spec is not None else DEFAULT_EMBED_STD)
-    data, given = resolve_inputs(inputs, model=model, d_vocab=vocab, n_sequences=n, seq_len=seq_len, seed=seed, embed_std=std)
-    # drawn inputs record what regenerate_inputs needs to draw them again; the user's own tensor only its digest
+    std = s.embed_std if s.embed_std is not None else (spec.init_std if spec is not None else DEFAULT_EMBED_STD)
+    data, given = resolve_inputs(inputs, model=model, d_vocab=vocab, n_sequences=s.n, seq_len=s.seq_len, seed=s.seed, embed_std=std)
     drawn = isinstance(inputs, str)
     described: dict[str, Any] = {"kind": given.kind, "n": given.n, "seq_len": given.seq_len, "seed": given.seed if drawn else None}
     if drawn:
         described.update({"vocab": vocab} if given.kind == "tokens" else {"mean": data.mean, "std": data.std})
+    return data, described
 
-    adapter = ModelAdapter(model)
-    readout = adapter.readout_probe()
-    # the gain-free reading, where the readout is not already it
-    probes = [readout] + ([last_position(NORMALIZED)] if adapter.has_hook(NORMALIZED) and readout.key != f"{NORMALIZED}:last" else [])
-    keys = [p.key for p in probes]
-    if distributed:
-        distributed_run.ensure_process_group()
-        device = device if device is not None else distributed_run.local_device()
-        runner = _with_device_dtype(model, device, dtype)
-        batch = batch_size or ModelAdapter(runner).default_batch_size(data.shape[1])
 
-        def extract(start: int, stop: int) -> Tensor:
-            if start == stop:
-                return torch.zeros(0, info.d_model * len(probes))
-            shard = data.view(start, stop) if isinstance(data, (RandomTokens, RandomEmbeddings)) else data[start:stop]
-            kept = ModelAdapter(runner).collect(shard, probes, batch_size=batch, progress=progress, desc="fingerprint")
-            return torch.cat([kept[key] for key in keys], dim=1)
+def _sharded_readings(runner: Any, data: Inputs, probes: list[Any], batch_size: int | None, progress: bool) -> dict[str, Tensor] | None:
+    """The probes' readings with the inputs sharded across the torchrun ranks: on rank 0, in input order; None elsewhere."""
+    batch = batch_size or ModelAdapter(runner).default_batch_size(data.shape[1])
+    keys, d_model = [p.key for p in probes], ModelAdapter(runner).info.d_model
 
-        gathered = distributed_run.run_sharded(extract, data.shape[0], batch)
-        if gathered is None:
-            return None
-        readings = dict(zip(keys, gathered.split(info.d_model, dim=1)))
-    else:
-        runner = _with_device_dtype(model, device, dtype)
-        readings = ModelAdapter(runner).collect(data, probes, batch_size=batch_size, progress=progress, desc="fingerprint")
-    described["digest"] = _digest(data)  # after the pass: a count the memory guard refuses is refused after one batch
-    return Fingerprint(
-        features=readings[readout.key].contiguous(),
-        normalized=readings[keys[1]].contiguous() if len(keys) > 1 else None,
-        inputs=described,
-        model=ModelAdapter(runner).info.to_dict(),
-        spec=spec.to_dict() if spec is not None else None,
-        versions=_versions(),
-    )
+    def extract(start: int, stop: int) -> Tensor:
+        if start == stop:
+            return torch.zeros(0, d_model * len(probes))
+        shard = data.view(start, stop) if isinstance(data, (RandomTokens, RandomEmbeddings)) else data[start:stop]
+        kept = ModelAdapter(runner).collect(shard, probes, batch_size=batch, progress=progress, desc="fingerprint")
+        return torch.cat([kept[key] for key in keys], dim=1)
+
+    gathered = distributed_run.run_sharded(extract, data.shape[0], batch)
+    return None if gathered is None else dict(zip(keys, gathered.split(d_model, dim=1)))
 
 
 def regenerate_inputs(base: Fingerprint) -> Inputs:

@@ -17,21 +17,22 @@ taken across the inputs. The mean τ̄ is judged against a null (:mod:`lens_bias
 
 from __future__ import annotations
 
-import inspect
 import math
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Mapping
 
 import pandas as pd
 from jaxtyping import Float
 from torch import Tensor
 
 from lens_bias.core.adapter import ModelAdapter
-from lens_bias.core.errors import LensBiasError, WrongType
+from lens_bias.core.errors import LensBiasError
+from lens_bias.core.settings import overridden, route_keywords
 from lens_bias.seedprint.align import FIT_FRACTION, AlignMode, check_align, split_and_align
 from lens_bias.seedprint.fingerprints import (
     FeaturesLike,
     Fingerprint,
+    FingerprintSettings,
     as_features,
     check_compatible,
     fingerprint,
@@ -41,7 +42,7 @@ from lens_bias.seedprint.nulls import NULLS, AnalyticNull, Case, Null
 from lens_bias.seedprint.statistic import MODES, tau_statistic
 from lens_bias.seedprint.vocabulary import renamed_tokens
 
-__all__ = ["SeedPrintResult", "lineage_test", "compare", "fingerprint_like", "ALPHA", "STRONG"]
+__all__ = ["SeedPrintResult", "LineageSettings", "lineage_test", "compare", "fingerprint_like", "ALPHA", "STRONG"]
 
 # The papers' significance level for "same lineage", and the bar a known descendant must clear (LeaFBench-style
 # "overwhelmingly related", as the papers report related pairs at p ≲ 1e-10).
@@ -99,64 +100,63 @@ class SeedPrintResult:
         )
 
 
-def lineage_test(
-    a: FeaturesLike,
-    b: FeaturesLike,
-    *,
-    m: int | None = None,
-    ratio_k: float = 0.10,
-    mode: str = "coset",
-    temperature: float = 10.0,
-    null: Null = AnalyticNull(),
-    alpha: float = 0.01,
-    align: AlignMode = None,
-    fit_fraction: float = FIT_FRACTION,
-    progress: bool = False,
-) -> SeedPrintResult:
+@dataclass(frozen=True)
+class LineageSettings:
+    """How two fingerprints are tested: the identity dimensions, the statistic, the null and the level.
+
+    >>> LineageSettings(align="orthogonal").fit_fraction
+    0.5
+    """
+
+    m: int | None = None  # identity dimensions per model (None: ⌊ratio_k · D⌋; at small D use about D/2)
+    ratio_k: float = 0.10  # m as a share of D when m is None: the papers' 0.1
+    mode: str = "coset"  # "coset": both models' identity dims, intersected (the papers'); "base": the base's only
+    temperature: float = 10.0  # softmax temperature over the identity dims: the papers'
+    # what τ̄ is judged against (None: the analytic null; pairwise_lineage with an alignment: a seeds null aligned alike)
+    null: Null | None = None
+    alpha: float = ALPHA  # significance level of the verdict: the papers'
+    align: AlignMode = None  # None: the published test; else the map fitted before it (lens_bias.seedprint.align)
+    fit_fraction: float = FIT_FRACTION  # share of the inputs (the first rows) an alignment is fitted on
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values; the null as its own ``to_dict()``."""
+        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "null": None if self.null is None else self.null.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], **objects: Any) -> "LineageSettings":
+        """The settings ``to_dict`` wrote; ``objects`` as in :meth:`Null.from_dict` (a seeds null's factory or fingerprints)."""
+        unknown = sorted(set(d) - {f.name for f in fields(cls)})
+        if unknown:
+            raise LensBiasError(f"LineageSettings.from_dict: unknown field(s) {unknown}; its fields are {[f.name for f in fields(cls)]}")
+        null = d.get("null")
+        return cls(**{**d, "null": None if null is None else Null.from_dict(null, **objects)})
+
+
+def lineage_test(a: FeaturesLike, b: FeaturesLike, settings: LineageSettings | None = None, *, progress: bool = False, **overrides: Any) -> SeedPrintResult:
     """Do ``a`` and ``b`` share an initialisation? The SeedPrint distribution-correlation test.
+
+    The null (``settings.null``) is ``AnalyticNull()`` (closed form; ``aggregate=True`` adds the aggregate signal),
+    ``EmpiricalNull(n_trials, test_type)`` (random N(0, I) features through the whole pipeline) or
+    ``SeedsNull(factory | fingerprints, label)`` (other models on the same inputs: fresh random inits of the base
+    architecture by default). With an ``align`` mode, a map from ``b``'s features to ``a``'s basis is fitted on the
+    first ``fit_fraction`` of the inputs and the test runs on the rest (:mod:`lens_bias.seedprint.align` says
+    which reparametrisations each mode covers); judge it against a null aligned the same way: ``SeedsNull`` and
+    ``EmpiricalNull`` run the alignment on their own models.
 
     Args:
         a: the base model's :class:`~lens_bias.seedprint.Fingerprint`, or a float ``[N, D]`` array/tensor.
         b: the suspect's, on the same inputs in the same order.
-        m: identity dimensions per model (default ``⌊ratio_k · D⌋``; at small D use about D/2).
-        ratio_k: m as a share of D when ``m`` is None.
-        mode: "coset" (identity dims of both models, intersected) or "base" (the base model's).
-        temperature: softmax temperature over the identity dims.
-        null: what τ̄ is judged against: ``AnalyticNull()`` (closed form; ``aggregate=True`` adds the aggregate
-            signal), ``EmpiricalNull(n_trials, test_type)`` (random N(0, I) features through the whole pipeline)
-            or ``SeedsNull(factory | fingerprints, label)`` (other models on the same inputs: fresh random inits
-            of the base architecture by default).
-        alpha: the significance level of the verdict.
-        align: ``None`` (the published test), "permutation", "orthogonal" or "linear": first fit a map from
-            ``b``'s features to ``a``'s basis on the first ``fit_fraction`` of the inputs, then test on the rest
-            (:mod:`lens_bias.seedprint.align` says which reparametrisations each mode covers). Judge it against a
-            null aligned the same way: ``SeedsNull`` and ``EmpiricalNull`` run the alignment on their own models.
-        fit_fraction: the share of the inputs the alignment is fitted on.
+        settings: :class:`LineageSettings` (the papers' defaults).
         progress: progress bars while a seeds null fingerprints its fresh inits.
+        **overrides: fields of :class:`LineageSettings` (``m=32``), which replace those of ``settings``.
 
     Returns:
         A :class:`SeedPrintResult`; ``same_lineage`` is ``p < alpha``; ``null`` is the null's label and
         ``null_settings`` its ``to_dict()``.
     """
-    if not isinstance(null, Null):
-        raise LensBiasError(
-            f"null must be AnalyticNull(), EmpiricalNull(...) or SeedsNull(...) from lens_bias.seedprint, got {null!r}"
-            + (f"; for {null!r} use lens_bias.seedprint.null_named({null!r})" if isinstance(null, str) else "")
-        )
-    if mode not in MODES:
-        raise LensBiasError(f"mode must be one of {MODES}, got {mode!r}")
-    check_align(align)
-    full_a, full_b = as_features(a, "a", align), as_features(b, "b", align)
-    check_compatible(a, b, full_a, full_b)
-    fit_rows = int(fit_fraction * full_a.shape[0]) if align is not None else 0
-    if align is not None and not 3 <= fit_rows <= full_a.shape[0] - 3:
-        raise LensBiasError(f"fit_fraction {fit_fraction} of {full_a.shape[0]} inputs leaves {fit_rows} rows to fit and {full_a.shape[0] - fit_rows} to test; both need at least 3")
-    n, d = full_a.shape[0] - fit_rows, full_a.shape[1]
-    if n < 3:
-        raise LensBiasError(f"need at least 3 inputs, got {n}")
-    m = int(ratio_k * d) if m is None else m
-    if not 1 <= m <= d:
-        raise LensBiasError(f"m must be in [1, D={d}], got {m} (with m=None it is ⌊ratio_k·D⌋)")
+    s = overridden(LineageSettings, settings, overrides, "lineage_test()")
+    null, full_a, full_b, fit_rows, m = _checked(s, a, b)
+    n, mode, temperature, align = full_a.shape[0] - fit_rows, s.mode, s.temperature, s.align
     null.check(a, n)
 
     fa, fb = split_and_align(align, fit_rows, full_a, full_b)
@@ -166,7 +166,7 @@ def lineage_test(
     dims = core.dims
     result = SeedPrintResult(
         p=1.0, log10_p=0.0, tau_bar=core.tau_bar, z=float("nan"), k=core.k, n=n, m=m, mode=mode, temperature=temperature,
-        null=null.label, alpha=alpha, identity_dims=dims.tolist(), taus=core.taus.float(),
+        null=null.label, alpha=s.alpha, identity_dims=dims.tolist(), taus=core.taus.float(),
         means_a=fa[:, dims].mean(0), means_b=fb[:, dims].mean(0), null_settings=null.to_dict(), align=align, fit_rows=fit_rows,
     )
     if core.k < 2:
@@ -184,39 +184,72 @@ def lineage_test(
     return result
 
 
-_FINGERPRINT_KEYWORDS = [name for name in inspect.signature(fingerprint).parameters if name not in ("model", "distributed")]
-_TEST_KEYWORDS = [name for name in inspect.signature(lineage_test).parameters if name not in ("a", "b", "progress")]
+def _checked(s: LineageSettings, a: FeaturesLike, b: FeaturesLike) -> tuple[Null, Tensor, Tensor, int, int]:
+    """The null, both feature matrices, the rows an alignment is fitted on and m, or a refusal of the settings."""
+    null = AnalyticNull() if s.null is None else s.null
+    if not isinstance(null, Null):
+        raise LensBiasError(
+            f"null must be AnalyticNull(), EmpiricalNull(...) or SeedsNull(...) from lens_bias.seedprint, got {null!r}"
+            + (f"; for {null!r} use lens_bias.seedprint.null_named({null!r})" if isinstance(null, str) else "")
+        )
+    if s.mode not in MODES:
+        raise LensBiasError(f"mode must be one of {MODES}, got {s.mode!r}")
+    check_align(s.align)
+    full_a, full_b = as_features(a, "a", s.align), as_features(b, "b", s.align)
+    check_compatible(a, b, full_a, full_b)
+    rows = full_a.shape[0]
+    fit_rows = int(s.fit_fraction * rows) if s.align is not None else 0
+    if s.align is not None and not 3 <= fit_rows <= rows - 3:
+        raise LensBiasError(f"fit_fraction {s.fit_fraction} of {rows} inputs leaves {fit_rows} rows to fit and {rows - fit_rows} to test; both need at least 3")
+    if rows - fit_rows < 3:
+        raise LensBiasError(f"need at least 3 inputs, got {rows - fit_rows}")
+    d = full_a.shape[1]
+    m = int(s.ratio_k * d) if s.m is None else s.m
+    if not 1 <= m <= d:
+        raise LensBiasError(f"m must be in [1, D={d}], got {m} (with m=None it is ⌊ratio_k·D⌋)")
+    return null, full_a, full_b, fit_rows, m
 
 
-def compare(model_a: Any, model_b: Any, *, progress: bool = True, **keywords: Any) -> SeedPrintResult:
+def compare(
+    model_a: Any, model_b: Any, settings: FingerprintSettings | None = None, test: LineageSettings | None = None, *, progress: bool = True,
+    **overrides: Any,
+) -> SeedPrintResult:
     """Fingerprint both models on the same random inputs and :func:`lineage_test` them (``a`` is the base).
 
-    ``keywords`` are those of :func:`~lens_bias.seedprint.fingerprint` (inputs, n, seq_len, seed, vocab,
-    embed_std, batch_size, device, dtype) and of :func:`lineage_test` (m, ratio_k, mode, temperature, null,
-    alpha, align, fit_fraction), with their defaults. Token IDs are drawn below the smaller of the two vocabularies unless ``vocab``
-    is given. When ``b``'s vocabulary is ``a``'s renamed (its embedding rows are ``a``'s in another order:
+    Token IDs are drawn below the smaller of the two vocabularies unless ``vocab`` is given. When ``b``'s vocabulary
+    is ``a``'s renamed (its embedding rows are ``a``'s in another order:
     :func:`~lens_bias.seedprint.vocabulary.renamed_tokens`), ``b`` reads the same tokens under their new IDs, so a
     renaming, which leaves the model the same on text, cannot hide it; ``renamed_vocabulary`` says so. Models of
     different widths cannot share an init and are refused.
+
+    Args:
+        model_a: the base.
+        model_b: the suspect.
+        settings: how both are fingerprinted (:class:`~lens_bias.seedprint.FingerprintSettings`).
+        test: how they are tested (:class:`LineageSettings`).
+        progress: progress bars.
+        **overrides: fields of either settings class (``n=512, m=32``), which replace theirs.
+
+    Returns:
+        A :class:`SeedPrintResult`.
     """
-    unknown = sorted(set(keywords) - set(_FINGERPRINT_KEYWORDS) - set(_TEST_KEYWORDS))
-    if unknown:
-        raise WrongType(f"compare() got unexpected keyword(s) {unknown}; it takes those of fingerprint {_FINGERPRINT_KEYWORDS} and lineage_test {_TEST_KEYWORDS}")
+    routed = route_keywords(overrides, {"settings": FingerprintSettings, "test": LineageSettings}, "compare()")
+    prints = overridden(FingerprintSettings, settings, routed["settings"], "compare()")
+    testing = overridden(LineageSettings, test, routed["test"], "compare()")
     info_a, info_b = ModelAdapter(model_a).info, ModelAdapter(model_b).info
     if info_a.d_model != info_b.d_model:
         raise LensBiasError(f"different widths cannot share an init (d_model {info_a.d_model} vs {info_b.d_model}); SeedPrint compares models of one width")
-    common = {k: v for k, v in keywords.items() if k in _FINGERPRINT_KEYWORDS}
-    against = {k: v for k, v in keywords.items() if k in _TEST_KEYWORDS}
-    drawn_tokens = isinstance(common.get("inputs", "tokens"), str) and common.get("inputs", "tokens") == "tokens"
-    if common.get("vocab") is None and drawn_tokens:
-        common["vocab"] = min(info_a.d_vocab, info_b.d_vocab)
-    fp_a = fingerprint(model_a, progress=progress, **common)
-    passes = {k: v for k, v in common.items() if k in ("batch_size", "device", "dtype", "embed_std")}
-    fp_b = fingerprint_like(model_b, model_a, fp_a, progress=progress, **passes) if drawn_tokens else fingerprint(model_b, progress=progress, **common)
-    return replace(lineage_test(fp_a, fp_b, progress=progress, **against), renamed_vocabulary=bool(fp_b.inputs.get("renamed")))
+    drawn_tokens = isinstance(prints.inputs, str) and prints.inputs == "tokens"
+    if prints.vocab is None and drawn_tokens:
+        prints = replace(prints, vocab=min(info_a.d_vocab, info_b.d_vocab))
+    fp_a = fingerprint(model_a, prints, progress=progress)
+    fp_b = fingerprint_like(model_b, model_a, fp_a, prints, progress=progress) if drawn_tokens else fingerprint(model_b, prints, progress=progress)
+    return replace(lineage_test(fp_a, fp_b, testing, progress=progress), renamed_vocabulary=bool(fp_b.inputs.get("renamed")))
 
 
-def fingerprint_like(model: Any, base_model: Any, base: Fingerprint, *, progress: bool = False, **passes: Any) -> Fingerprint:
+def fingerprint_like(
+    model: Any, base_model: Any, base: Fingerprint, settings: FingerprintSettings | None = None, *, progress: bool = False
+) -> Fingerprint:
     """``model``'s fingerprint on the random token inputs ``base`` (``base_model``'s) was made from; when ``model``'s
     vocabulary is ``base_model``'s renamed (:func:`~lens_bias.seedprint.vocabulary.renamed_tokens`), on the same
     tokens under their new IDs, recorded as ``inputs["renamed"] = True``.
@@ -225,8 +258,8 @@ def fingerprint_like(model: Any, base_model: Any, base: Fingerprint, *, progress
         model: the suspect.
         base_model: the model ``base`` was made from.
         base: a fingerprint on drawn token inputs.
+        settings: the pass: ``batch_size``, ``device``, ``dtype`` and ``embed_std`` are read, the inputs are ``base``'s.
         progress: a progress bar.
-        **passes: ``batch_size``, ``device``, ``dtype`` of :func:`~lens_bias.seedprint.fingerprint`.
 
     Returns:
         A fingerprint whose input record is ``base``'s (with ``renamed`` added when renamed).
@@ -236,6 +269,7 @@ def fingerprint_like(model: Any, base_model: Any, base: Fingerprint, *, progress
         raise LensBiasError("fingerprint_like reads a fingerprint made on drawn token inputs (inputs='tokens')")
     tokens = regenerate_inputs(base)[0:record["n"]]
     renamed = renamed_tokens(base_model, model, tokens)
+    same = replace(settings or FingerprintSettings(), inputs="tokens", n=record["n"], seq_len=record["seq_len"], seed=record["seed"], vocab=record["vocab"])
     if renamed is None:
-        return fingerprint(model, inputs="tokens", n=record["n"], seq_len=record["seq_len"], seed=record["seed"], vocab=record["vocab"], progress=progress, **passes)
-    return replace(fingerprint(model, inputs=renamed, progress=progress, **passes), inputs={**record, "renamed": True})
+        return fingerprint(model, same, progress=progress)
+    return replace(fingerprint(model, same, progress=progress, inputs=renamed), inputs={**record, "renamed": True})

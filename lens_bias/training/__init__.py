@@ -4,10 +4,11 @@
 from lens_bias.training.data import TokenData
 from lens_bias.training.trainer import (
     TrainingRun,
+    TrainSettings,
     batch_order,
     evaluate,
     fine_tune,
     train,
 )
 
-__all__ = ["TokenData", "TrainingRun", "train", "fine_tune", "evaluate", "batch_order"]
+__all__ = ["TokenData", "TrainingRun", "TrainSettings", "train", "fine_tune", "evaluate", "batch_order"]

@@ -28,13 +28,15 @@ from lens_bias.core.corpora import code
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.inputs import with_bos
 from lens_bias.core.probes import on_device
+from lens_bias.core.serialise import Serialisable
+from lens_bias.core.settings import overridden
 from lens_bias.hooks import Intervention, intervene
 from lens_bias.models.checkpoints import save_checkpoint
 from lens_bias.models.init import REGIME
 from lens_bias.models.transforms import copy_model
 from lens_bias.training.data import TokenData
 
-__all__ = ["train", "fine_tune", "TrainingRun", "batch_order", "evaluate"]
+__all__ = ["train", "TrainSettings", "fine_tune", "TrainingRun", "batch_order", "evaluate"]
 
 logger = logging.getLogger(__name__)
 
@@ -121,142 +123,174 @@ def evaluate(model: Any, blocks: torch.Tensor, batch_size: int = 32, device: Any
     return total.item() / len(blocks)
 
 
+@dataclass(frozen=True)
+class TrainSettings(Serialisable):
+    """How :func:`train` trains: the optimiser, its schedule, the data order and the evaluations.
+
+    >>> TrainSettings(steps=100).warmup_steps
+    10
+    """
+
+    steps: int = 400  # optimizer steps
+    batch_size: int = 32  # sequences per step
+    lr: float = 3e-4  # peak learning rate (AdamW, betas 0.9 / 0.95, as the small-LM recipes use)
+    weight_decay: float = 0.1  # AdamW weight decay on matrices (not on norms and biases)
+    warmup: int | None = None  # linear warmup steps (None: 10% of steps, at most 200)
+    schedule: str = "cosine"  # "cosine" (to zero) or "constant" after warmup
+    grad_clip: float = 1.0  # max global gradient norm: keeps small-batch runs from diverging
+    data_seed: int = 42  # the only source of the data order: models of different init seeds see identical batches
+    eval_every: int | None = None  # steps between held-out evaluations (None: 4 per run); always at the end
+    eval_blocks: int = 128  # held-out blocks per evaluation
+    # a token ID that replaces every block's first token (GPT-2's <|endoftext|> role): sinks form on such a token
+    bos: int | None = None
+    dtype: torch.dtype | None = None  # autocast dtype on CUDA (e.g. torch.bfloat16); ignored on CPU
+
+    @property
+    def warmup_steps(self) -> int:
+        return min(200, self.steps // 10) if self.warmup is None else self.warmup
+
+    def check(self) -> None:
+        """Refuse settings no run can use."""
+        for name, value in (("steps", self.steps), ("batch_size", self.batch_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise LensBiasError(f"{name} must be a positive int, got {value!r}")
+        if self.schedule not in ("cosine", "constant"):
+            raise LensBiasError(f"schedule must be 'cosine' or 'constant', got {self.schedule!r}")
+
+
 def train(
     model: Any,
     data: TokenData,
+    settings: TrainSettings | None = None,
     *,
-    steps: int,
-    batch_size: int = 32,
-    lr: float = 3e-4,
-    weight_decay: float = 0.1,
-    warmup: int | None = None,
-    schedule: str = "cosine",
-    grad_clip: float = 1.0,
-    data_seed: int = 42,
-    eval_every: int | None = None,
-    eval_blocks: int = 128,
+    interventions: Sequence[Intervention] = (),
     checkpoint_every: int | None = None,
     checkpoint_dir: Union[str, Path, None] = None,
-    interventions: Sequence[Intervention] = (),
-    bos: int | None = None,
-    dtype: torch.dtype | None = None,
     progress: bool = True,
+    **overrides: Any,
 ) -> TrainingRun:
     """Train ``model`` in place on ``data`` (next-token prediction) and return the run's record.
+
+    On a GPU nothing waits for the host: the next batch is copied while this one runs, AdamW is fused, and the losses
+    are read every :data:`SYNC_EVERY` steps (and at evaluations and checkpoints), not every step.
 
     Args:
         model: a TransformerLens model whose vocabulary covers ``data``'s tokenizer.
         data: packed token blocks (``TokenData.build``); sequences are ``data.seq_len`` tokens.
-        steps: optimizer steps.
-        batch_size: sequences per step.
-        lr: peak learning rate (AdamW).
-        weight_decay: AdamW weight decay on matrices (not on norms and biases).
-        warmup: linear warmup steps (default: 10% of steps, at most 200).
-        schedule: "cosine" (to zero) or "constant" after warmup.
-        grad_clip: max global gradient norm.
-        data_seed: the only source of the data order.
-        eval_every: steps between held-out evaluations (default: 4 per run); always evaluated at the end.
-        eval_blocks: held-out blocks per evaluation.
-        checkpoint_every: save a checkpoint every this many steps (and at step 0) into ``checkpoint_dir``.
-        checkpoint_dir: folder for checkpoints.
+        settings: :class:`TrainSettings`.
         interventions: lens_bias.hooks interventions attached for the whole run; parameters they own (e.g.
             ``HeadwiseRMSNorm``'s gains) are trained with the model's.
-        bos: a token ID that replaces the first token of every block, so every sequence starts with the same
-            token (GPT-2's <|endoftext|> role); attention sinks form on such a token.
-        dtype: autocast dtype on CUDA (e.g. ``torch.bfloat16``); ignored on CPU.
-
-    On a GPU nothing waits for the host: the next batch is copied while this one runs, AdamW is fused, and the losses
-    are read every :data:`SYNC_EVERY` steps (and at evaluations and checkpoints), not every step.
+        checkpoint_every: save a checkpoint every this many steps (and at step 0) into ``checkpoint_dir``.
+        checkpoint_dir: folder for checkpoints.
         progress: a progress bar over steps.
+        **overrides: fields of :class:`TrainSettings` (``steps=40, lr=3e-3``), which replace those of ``settings``.
 
     Returns:
         A :class:`TrainingRun`.
     """
-    for name, value in (("steps", steps), ("batch_size", batch_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise LensBiasError(f"{name} must be a positive int, got {value!r}")
-    adapter = ModelAdapter(model)
-    if data.vocab_size > adapter.info.d_vocab:
-        raise LensBiasError(f"the tokenizer has {data.vocab_size} tokens but the model's d_vocab is {adapter.info.d_vocab}")
-    if data.seq_len > adapter.info.n_ctx:
-        raise LensBiasError(f"blocks of {data.seq_len} tokens exceed the model's n_ctx={adapter.info.n_ctx}")
-    if schedule not in ("cosine", "constant"):
-        raise LensBiasError(f"schedule must be 'cosine' or 'constant', got {schedule!r}")
-    if checkpoint_every and checkpoint_dir is None:
-        raise LensBiasError("checkpoint_every needs checkpoint_dir")
-    act_dtype = dtype if dtype is not None and adapter.device.type == "cuda" else adapter.dtype
-    n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    memory.check_train(adapter.info, batch_size=batch_size, seq_len=data.seq_len, n_params=n_params, device=adapter.device, act_dtype=act_dtype)
-    warmup = min(200, steps // 10) if warmup is None else warmup
-    eval_every = eval_every or max(1, steps // 4)
-    device = adapter.device
-    params = [p for p in model.parameters() if p.requires_grad]
-    params += [p for iv in interventions for p in iv.parameters(model)]
-    groups = [
-        {"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
-        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
-    ]
-    # On CUDA the fused AdamW kernel: one launch for every parameter instead of several per tensor
-    optimizer = torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), fused=device.type == "cuda")
-    order = _on_device(data, batches(len(data.train), batch_size, data_seed), bos, device)
-    held_out = data.eval[:eval_blocks]
-    autocast = torch.autocast("cuda", dtype=dtype) if dtype is not None and device.type == "cuda" else nullcontext()
-    losses, evals, checkpoints = [], [], []
+    s = overridden(TrainSettings, settings, overrides, "train()")
+    s.check()
     folder = Path(checkpoint_dir) if checkpoint_dir is not None else None
+    if checkpoint_every and folder is None:
+        raise LensBiasError("checkpoint_every needs checkpoint_dir")
+    adapter = ModelAdapter(model)
+    _check_fits(model, adapter, data, s)
+    eval_every = s.eval_every or max(1, s.steps // 4)
+    device = adapter.device
+    params = [p for p in model.parameters() if p.requires_grad] + [p for iv in interventions for p in iv.parameters(model)]
+    optimizer = _optimizer(params, s, device)
+    order = _on_device(data, batches(len(data.train), s.batch_size, s.data_seed), s.bos, device)
+    held_out = data.eval[:s.eval_blocks]
+    autocast = torch.autocast("cuda", dtype=s.dtype) if s.dtype is not None and device.type == "cuda" else nullcontext()
+    book, evals, checkpoints = _Losses(s.lr), [], []
 
     def checkpoint(step: int) -> None:
-        folder.mkdir(parents=True, exist_ok=True)  # type: ignore[union-attr]
-        path = folder / f"step{step:06d}.pt"  # type: ignore[operator]
-        save_checkpoint(model, path, step=step)
-        checkpoints.append(path)
-
-    pending: list[Tensor] = []  # this stretch's losses, on the device
-
-    def read_losses() -> None:
-        """Bring the stretch's losses to the host in one read; stop at a non-finite one."""
-        values = torch.stack(pending).tolist()
-        first = len(losses) - len(values)
-        for i, value in enumerate(values):
-            losses[first + i]["loss"] = value
-            if not math.isfinite(value):
-                raise LensBiasError(
-                    f"the training loss is {value} at step {first + i + 1} (losses are read every {SYNC_EVERY} steps, so the weights were "
-                    f"updated {len(values) - i} more times; reload a checkpoint): the weights or activations overflowed; lower lr (now {lr}), "
-                    "keep grad_clip, or train in float32 / bfloat16 rather than float16"
-                )
-        pending.clear()
+        assert folder is not None  # checked above
+        folder.mkdir(parents=True, exist_ok=True)
+        checkpoints.append(folder / f"step{step:06d}.pt")
+        save_checkpoint(model, checkpoints[-1], step=step)
 
     model.train()
     try:
         with intervene(model, *interventions):
             if checkpoint_every:
                 checkpoint(0)
-            for step in tqdm(range(steps), desc="train", disable=not progress, leave=False):
-                rate = _lr(step, steps, lr, warmup, schedule)
+            for step in tqdm(range(s.steps), desc="train", disable=not progress, leave=False):
+                rate = _lr(step, s.steps, s.lr, s.warmup_steps, s.schedule)
                 for group in optimizer.param_groups:
                     group["lr"] = rate
                 with autocast:
                     loss = _loss(model, next(order))
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
-                torch.nn.utils.clip_grad_norm_(params, grad_clip)
+                torch.nn.utils.clip_grad_norm_(params, s.grad_clip)
                 optimizer.step()
                 setattr(model, REGIME, "trained")  # what analyze reports it as, and checkpoints record
-                pending.append(loss.detach())
-                losses.append({"step": step + 1, "loss": math.nan, "lr": rate})
-                if (step + 1) % SYNC_EVERY == 0 or (step + 1) % eval_every == 0 or step + 1 == steps or (checkpoint_every and (step + 1) % checkpoint_every == 0):
-                    read_losses()
-                if (step + 1) % eval_every == 0 or step + 1 == steps:
+                book.add(step + 1, loss, rate)
+                done, evaluated = step + 1 == s.steps, (step + 1) % eval_every == 0
+                saved = bool(checkpoint_every) and (step + 1) % checkpoint_every == 0
+                if (step + 1) % SYNC_EVERY == 0 or evaluated or done or saved:
+                    book.read()
+                if evaluated or done:
                     model.eval()
                     with autocast:
-                        evals.append({"step": step + 1, "eval_loss": evaluate(model, held_out, device=device, bos=bos)})
+                        evals.append({"step": step + 1, "eval_loss": evaluate(model, held_out, device=device, bos=s.bos)})
                     model.train()
-                if checkpoint_every and (step + 1) % checkpoint_every == 0:
+                if saved:
                     checkpoint(step + 1)
     finally:  # after an error or a KeyboardInterrupt too: eval mode is back, and intervene's scope removed the hooks
         model.eval()
-    config = dict(steps=steps, batch_size=batch_size, lr=lr, weight_decay=weight_decay, warmup=warmup, schedule=schedule, grad_clip=grad_clip, data_seed=data_seed, corpus=data.corpus_name, seq_len=data.seq_len, bos=bos, interventions=[iv.to_dict() for iv in interventions])
-    return TrainingRun(pd.DataFrame(losses), pd.DataFrame(evals), checkpoints, config)
+    config = {**{k: v for k, v in s.to_dict().items() if k not in ("eval_every", "eval_blocks", "dtype")}, "warmup": s.warmup_steps,
+              "corpus": data.corpus_name, "seq_len": data.seq_len, "interventions": [iv.to_dict() for iv in interventions]}
+    return TrainingRun(pd.DataFrame(book.rows), pd.DataFrame(evals), checkpoints, config)
+
+
+def _check_fits(model: Any, adapter: ModelAdapter, data: TokenData, s: TrainSettings) -> None:
+    """Refuse data the model cannot read, and a run whose memory cannot fit, before the first step."""
+    if data.vocab_size > adapter.info.d_vocab:
+        raise LensBiasError(f"the tokenizer has {data.vocab_size} tokens but the model's d_vocab is {adapter.info.d_vocab}")
+    if data.seq_len > adapter.info.n_ctx:
+        raise LensBiasError(f"blocks of {data.seq_len} tokens exceed the model's n_ctx={adapter.info.n_ctx}")
+    act_dtype = s.dtype if s.dtype is not None and adapter.device.type == "cuda" else adapter.dtype
+    n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    memory.check_train(adapter.info, batch_size=s.batch_size, seq_len=data.seq_len, n_params=n_params, device=adapter.device, act_dtype=act_dtype)
+
+
+def _optimizer(params: list[torch.nn.Parameter], s: TrainSettings, device: torch.device) -> torch.optim.Optimizer:
+    groups = [
+        {"params": [p for p in params if p.ndim >= 2], "weight_decay": s.weight_decay},
+        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+    ]
+    # On CUDA the fused AdamW kernel: one launch for every parameter instead of several per tensor
+    return torch.optim.AdamW(groups, lr=s.lr, betas=(0.9, 0.95), fused=device.type == "cuda")
+
+
+class _Losses:
+    """The loss of every step, kept on the device and brought to the host a stretch at a time (a read waits for the
+    device to finish)."""
+
+    def __init__(self, lr: float):
+        self.lr = lr
+        self.rows: list[dict[str, float]] = []
+        self.pending: list[Tensor] = []
+
+    def add(self, step: int, loss: Tensor, rate: float) -> None:
+        self.pending.append(loss.detach())
+        self.rows.append({"step": step, "loss": math.nan, "lr": rate})
+
+    def read(self) -> None:
+        """Bring the stretch's losses to the host in one read; stop at a non-finite one."""
+        values = torch.stack(self.pending).tolist()
+        first = len(self.rows) - len(values)
+        for i, value in enumerate(values):
+            self.rows[first + i]["loss"] = value
+            if not math.isfinite(value):
+                raise LensBiasError(
+                    f"the training loss is {value} at step {first + i + 1} (losses are read every {SYNC_EVERY} steps, so the weights were "
+                    f"updated {len(values) - i} more times; reload a checkpoint): the weights or activations overflowed; lower lr (now {self.lr}), "
+                    "keep grad_clip, or train in float32 / bfloat16 rather than float16"
+                )
+        self.pending.clear()
 
 
 def fine_tune(

@@ -352,7 +352,7 @@ def test_aligned_tests_keep_their_false_positive_rate(record_property):
     # an alignment is fitted on the first half of the inputs between two unrelated models; if it overfit, the held-out
     # half would look related. 100 pairs at α 0.01: the FPR is binomial around ≤ α (seeds null: a Student-t
     # predictive of size α; analytic: one-sided, size α/2), so 4 sd of Binomial(100, α) above α bounds it.
-    table = sp.calibrate(llama_factory(), inputs="tokens", n_pairs=100, n=500, seq_len=32, m=32, aligns=ALIGN_MODES[1:], progress=False)
+    table = sp.calibrate(llama_factory(), kinds="tokens", n_pairs=100, n=500, seq_len=32, m=32, aligns=ALIGN_MODES[1:], progress=False)
     record_property("aligned calibration", table.to_dict())
     print(f"\naligned calibration, 100 pairs (d 64, 2 layers, V 8000, N 500 of which 250 fit the map, T 32):\n{table}")
     assert len(table) == 3 * 2 and set(table["align"]) == set(ALIGN_MODES[1:])
@@ -372,7 +372,7 @@ def test_calibrate_refuses_a_count_of_pairs_whose_fingerprints_cannot_fit(monkey
 
     monkeypatch.setattr(memory, "available_bytes", lambda device=None: 64 * 2**20)
     with pytest.raises(LensBiasError, match=r"calibrating \d+ models keeps their fingerprints.*pass n_pairs <= (\d+)") as refusal:
-        sp.calibrate(factory, inputs="tokens", n_pairs=10**12, n=100, seq_len=8, nulls=(sp.AnalyticNull(),), progress=False)
+        sp.calibrate(factory, kinds="tokens", n_pairs=10**12, n=100, seq_len=8, nulls=(sp.AnalyticNull(),), progress=False)
     assert built == [0] and "\n" not in str(refusal.value)  # refused after the first model, in one line
     # 100 inputs × d 16 × 4 bytes per model against half of 64 MiB: 5242 models, 2621 pairs
     assert "pass n_pairs <= 2621" in str(refusal.value)
