@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections import defaultdict
 from typing import Any, Callable, Iterable, Sequence
 
 import torch
@@ -26,7 +25,7 @@ from lens_bias.core import attention_layout, memory, offload
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.inputs import Inputs, RandomEmbeddings, RandomTokens, check_context
 from lens_bias.core.model_facts import read_model_info
-from lens_bias.core.pass_state import FiniteCheck, Kept, StopForward, own
+from lens_bias.core.pass_state import Reading, StopForward
 from lens_bias.core.probes import READS, ROLE_ATTRIBUTE, FwdHook, HookFn, Probe, check_hooks, last_position, on_device, unique_probes
 
 __all__ = ["ModelAdapter", "NORMALIZED"]
@@ -65,6 +64,13 @@ class _FinalAffine:
 
 def _after(gain: Callable[[Tensor], Tensor], fn: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
     return lambda x: fn(gain(x))
+
+
+def _check_counts(n: int, batch_size: int | None) -> None:
+    if n < 1:
+        raise LensBiasError("the inputs hold no sequences; pass at least one")
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
+        raise LensBiasError(f"batch_size must be a positive int or None, got {batch_size!r}")
 
 
 class ModelAdapter:
@@ -331,38 +337,12 @@ class ModelAdapter:
         self.require({p.hook for p in unique.values()} | {name for name, _ in edits}, "this analysis")
         is_embedding = not (isinstance(inputs, RandomTokens) or (isinstance(inputs, Tensor) and inputs.ndim == 2))
         n, seq_len = inputs.shape[0], inputs.shape[1]
-        if n < 1:
-            raise LensBiasError("the inputs hold no sequences; pass at least one")
-        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
-            raise LensBiasError(f"batch_size must be a positive int or None, got {batch_size!r}")
-
-        by_hook: dict[str, list[Probe]] = defaultdict(list)
-        for probe in unique.values():
-            by_hook[probe.hook].append(probe)
-        probe_hooks = set(by_hook)
-        # The pass runs through the unembedding only when no probe stops it earlier.
-        logits = not probe_hooks or any(h.startswith("unembed") for h in probe_hooks)
+        _check_counts(n, batch_size)
+        reading = Reading(unique, n, self.device)
         batch_size = memory.plan_batch(
-            self.info, n=n, seq_len=seq_len, dtype=self.dtype, device=self.device, logits=logits, batch_size=batch_size, what=desc
+            self.info, n=n, seq_len=seq_len, dtype=self.dtype, device=self.device, logits=reading.needs_logits, batch_size=batch_size, what=desc
         )
-        kept = Kept(unique, n, self.device)
-        fired_this_batch: set[str] = set()
         current: dict[str, Tensor] = {}
-        finite = FiniteCheck()
-
-        def make_probe_hook(hook_name: str, group: list[Probe]) -> HookFn:
-            def hook_fn(activation: Tensor, hook: Any) -> None:
-                finite.flag(hook_name, activation)
-                for probe in group:
-                    if probe.combine == "first" and probe.key in kept.out:  # kept already: not computed again
-                        continue
-                    # reduced here, on the activation's device; compact, so the activation itself is not held
-                    kept.batch[probe.key] = own(probe.fn(activation).detach().float())
-                fired_this_batch.add(hook_name)
-                if fired_this_batch >= probe_hooks:
-                    raise StopForward
-
-            return hook_fn
 
         def replace_embedding(activation: Tensor, hook: Any) -> Tensor:
             emb = current["embeddings"]
@@ -373,43 +353,28 @@ class ModelAdapter:
         # Order: the embedding replacement first, interventions next, probes last, so a probe on the same hook
         # point as an intervention reads the edited activation.
         # Edits, the embedding replacement included, must reach the output; hooks that only read need not.
-        self.check_edits_act(edits + ([("hook_embed", replace_embedding)] if is_embedding else []))
-        fwd_hooks: list[FwdHook] = []
-        if is_embedding:
-            fwd_hooks.append(("hook_embed", replace_embedding))
-        fwd_hooks += edits
-        fwd_hooks += [(name, make_probe_hook(name, group)) for name, group in by_hook.items()]
-
+        edits = ([("hook_embed", replace_embedding)] if is_embedding else []) + edits
+        self.check_edits_act(edits)
         was_training = self.model.training
         if was_training:  # train()/eval() walk every submodule of a bridge: only switch when needed
             self.model.eval()
         try:
-            with torch.inference_mode(), self.model.hooks(fwd_hooks=fwd_hooks):
-                starts = range(0, n, batch_size)
-                for start in tqdm(starts, desc=desc, disable=not progress, unit="batch"):
+            with torch.inference_mode(), self.model.hooks(fwd_hooks=edits + reading.hooks()):
+                for start in tqdm(range(0, n, batch_size), desc=desc, disable=not progress, unit="batch"):
                     stop = min(start + batch_size, n)
                     if is_embedding:
                         current["embeddings"] = inputs[start:stop]
                         tokens = torch.zeros(stop - start, seq_len, dtype=torch.long, device=self.device)
                     else:
                         tokens = on_device(inputs[start:stop], self.device)
-                    fired_this_batch.clear()
                     try:
                         self.model(tokens)
                     except StopForward:
                         pass
                     memory.release_freed()
-                    if fired_this_batch != probe_hooks:
-                        raise LensBiasError(
-                            f"hook point(s) {sorted(probe_hooks - fired_this_batch)} never fired during the forward "
-                            f"pass of this {type(self.model).__name__}: they exist but are not on its computation path"
-                        )
-                    finite.end_batch(start, stop)
-                    if start == 0:
-                        kept.check(stop - start)
-                    kept.add_batch(start, stop)
-            finite.raise_first(self.info.dtype)
-            return kept.result()
+                    reading.end_batch(start, stop, type(self.model).__name__)
+            reading.finite.raise_first(self.info.dtype)
+            return reading.kept.result()
         finally:
             if was_training:
                 self.model.train()

@@ -5,16 +5,17 @@ pass so the device is never stopped per batch.
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections import defaultdict
+from typing import Any, Mapping
 
 import torch
 from torch import Tensor
 
 from lens_bias.core import memory
 from lens_bias.core.errors import LensBiasError
-from lens_bias.core.probes import Probe, on_device
+from lens_bias.core.probes import HookFn, Probe, on_device
 
-__all__ = ["Kept", "FiniteCheck", "StopForward", "own"]
+__all__ = ["Kept", "FiniteCheck", "Reading", "StopForward", "own"]
 
 class StopForward(Exception):
     """Raised inside the last probe hook to end a forward pass whose remaining layers nobody reads."""
@@ -132,3 +133,53 @@ class Kept:
 
 # Running sums are float64 except where the device has none (Apple's MPS).
 _SUM_DTYPE = {"mps": torch.float32}
+
+
+class Reading:
+    """The probes of one pass: a hook per hook point that reduces each probe's activation into :class:`Kept`, flags
+    non-finite values (:class:`FiniteCheck`) and stops the pass once every probed point has fired."""
+
+    def __init__(self, probes: Mapping[str, Probe], n: int, device: torch.device):
+        self.by_hook: dict[str, list[Probe]] = defaultdict(list)
+        for probe in probes.values():
+            self.by_hook[probe.hook].append(probe)
+        self.kept = Kept(probes, n, device)
+        self.finite = FiniteCheck()
+        self.fired: set[str] = set()  # this batch's
+
+    @property
+    def needs_logits(self) -> bool:
+        """Whether the pass must run through the unembedding: no probe stops it earlier."""
+        return not self.by_hook or any(h.startswith("unembed") for h in self.by_hook)
+
+    def hooks(self) -> list[tuple[str, HookFn]]:
+        return [(name, self._hook(name, group)) for name, group in self.by_hook.items()]
+
+    def _hook(self, hook_name: str, group: list[Probe]) -> HookFn:
+        kept, probe_hooks = self.kept, set(self.by_hook)
+
+        def hook_fn(activation: Tensor, hook: Any) -> None:
+            self.finite.flag(hook_name, activation)
+            for probe in group:
+                if probe.combine == "first" and probe.key in kept.out:  # kept already: not computed again
+                    continue
+                # reduced here, on the activation's device; compact, so the activation itself is not held
+                kept.batch[probe.key] = own(probe.fn(activation).detach().float())
+            self.fired.add(hook_name)
+            if self.fired >= probe_hooks:
+                raise StopForward
+
+        return hook_fn
+
+    def end_batch(self, start: int, stop: int, model_name: str) -> None:
+        """Refuse probed points that never fired, and keep the batch's reductions."""
+        if self.fired != set(self.by_hook):
+            raise LensBiasError(
+                f"hook point(s) {sorted(set(self.by_hook) - self.fired)} never fired during the forward "
+                f"pass of this {model_name}: they exist but are not on its computation path"
+            )
+        self.finite.end_batch(start, stop)
+        if start == 0:
+            self.kept.check(stop - start)
+        self.kept.add_batch(start, stop)
+        self.fired.clear()

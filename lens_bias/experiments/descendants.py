@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Union
 
 import pandas as pd
+from torch import Tensor
 from tqdm.auto import tqdm
 
 from lens_bias import seedprint
@@ -202,22 +203,54 @@ def real_descendants(
             raise LensBiasError("the fine-tuned descendant needs model.tokenizer (load with lens_bias.models.pretrained) or data=TokenData.build(...)")
         data = TokenData.build(code(), seq_len=cfg.finetune_seq_len, tokenizer_from=tokenizer)
     held_out = data.eval[: cfg.eval_blocks]
+    makers = _makers(model, cfg, data)
+    _check_sizes(model, cfg, data, n_models=1 + len(makers) + cfg.n_random)
+    bar = tqdm(total=1 + len(makers) + cfg.n_random, desc="real descendants", disable=not progress)
+    base = seedprint.fingerprint(model, _prints(cfg), progress=False)
+    bar.update()
+    base_loss = evaluate(model, held_out)
+    prints, rows, covers, not_made = _descendants(model, base, makers, held_out, bar, started)
+    seeds = range(cfg.first_random_seed, cfg.first_random_seed + cfg.n_random)
+    randoms = []
+    began = time.perf_counter()
+    for seed, fresh in zip(seeds, random_inits(model, seeds)):
+        name = f"random init {seed}"
+        prints[name] = seedprint.fingerprint(fresh, _prints(cfg), progress=False)
+        randoms.append(name)
+        rows.append({"target": name, "kind": "random init", "weight_change": float("nan"), "eval_loss": float("nan"), "seconds": time.perf_counter() - began})
+        began = time.perf_counter()
+        bar.update()
+    bar.close()
+    models = pd.DataFrame(rows)
+    tests, metrics, pairs = _judged(cfg, base, prints, covers, randoms, list(models.target))
+    return DescendantsResult(
+        table=pd.DataFrame(tests), models=models, metrics=pd.DataFrame(metrics), base_eval_loss=base_loss, fingerprints=prints,
+        config=cfg.to_dict(), seconds=time.perf_counter() - started, pairs=pd.DataFrame(pairs), not_made=not_made,
+    )
 
-    def fingerprint(m: Any) -> seedprint.Fingerprint:
-        return seedprint.fingerprint(m, inputs="tokens", n=cfg.n, seq_len=cfg.seq_len, seed=cfg.seed, progress=False)
+
+Maker = tuple[str, tuple, Callable[[], tuple[Any, Union[float, None]]]]
+
+
+def _prints(cfg: DescendantsConfig) -> seedprint.FingerprintSettings:
+    return seedprint.FingerprintSettings(n=cfg.n, seq_len=cfg.seq_len, seed=cfg.seed)
+
+
+def _makers(model: Any, cfg: DescendantsConfig, data: TokenData) -> list[Maker]:
+    """Each descendant's name, the align modes that cover it, and how it is made (with its code loss where a
+    fine-tune measured it); later ones may be made from earlier ones."""
+    made: dict[str, Any] = {}
 
     def tune(m: Any) -> tuple[Any, float]:
         tuned, run = fine_tune(m, cfg.finetune_steps, data=data, lr=cfg.finetune_lr, batch_size=cfg.finetune_batch, eval_blocks=cfg.eval_blocks, progress=False)
         return tuned, run.final_eval_loss
-
-    made: dict[str, Any] = {}  # descendants later ones are made from
 
     def keep(key: str, made_as: tuple[Any, float | None]) -> tuple[Any, float | None]:
         made[key], made[f"{key}_loss"] = made_as
         return made_as
 
     rotated = f"rotated (seed {cfg.basis_seed})"
-    makers: list[tuple[str, tuple, Callable[[], tuple[Any, float | None]]]] = [
+    return [
         ("int8", _KEEPS_BASIS, lambda: (quantize(model, 8, cfg.group_size), None)),
         ("4-bit", _KEEPS_BASIS, lambda: (quantize(model, 4, cfg.group_size), None)),
         (f"prune {cfg.prune_fraction:.0%}", _KEEPS_BASIS, lambda: (prune(model, cfg.prune_fraction), None)),
@@ -233,12 +266,14 @@ def real_descendants(
         (f"renamed, fine-tuned {cfg.finetune_steps} steps", _KEEPS_BASIS, lambda: (rename_vocabulary(made["tuned"], cfg.basis_seed), made["tuned_loss"])),
         ("renamed, 4-bit", _KEEPS_BASIS, lambda: (quantize(rename_vocabulary(model, cfg.basis_seed), 4, cfg.group_size), None)),
     ]
-    _check_sizes(model, cfg, data, n_models=1 + len(makers) + cfg.n_random)
-    bar = tqdm(total=1 + len(makers) + cfg.n_random, desc="real descendants", disable=not progress)
-    base = fingerprint(model)
+
+
+def _descendants(
+    model: Any, base: seedprint.Fingerprint, makers: list[Maker], held_out: Tensor, bar: Any, started: float
+) -> tuple[dict[str, seedprint.Fingerprint], list[dict[str, Any]], dict[str, tuple], dict[str, str]]:
+    """Make and fingerprint each descendant: the fingerprints (the base's among them), a row per descendant, the
+    modes that cover each, and why those not made were not."""
     prints, rows, covers, not_made = {"base": base}, [], {}, {}
-    bar.update()
-    base_loss = evaluate(model, held_out)
     for name, covered, make in makers:
         began = time.perf_counter()
         try:
@@ -259,50 +294,40 @@ def real_descendants(
                      "seconds": time.perf_counter() - began})
         logger.info("%s fingerprinted (%.0f s so far)", name, time.perf_counter() - started)
         bar.update()
-    made.clear()
-    seeds = range(cfg.first_random_seed, cfg.first_random_seed + cfg.n_random)
-    randoms = []
-    began = time.perf_counter()
-    for seed, fresh in zip(seeds, random_inits(model, seeds)):
-        name = f"random init {seed}"
-        prints[name] = fingerprint(fresh)
-        randoms.append(name)
-        rows.append({"target": name, "kind": "random init", "weight_change": float("nan"), "eval_loss": float("nan"), "seconds": time.perf_counter() - began})
-        began = time.perf_counter()
-        bar.update()
-    bar.close()
-    models = pd.DataFrame(rows)
+    return prints, rows, covers, not_made
+
+
+def _judged(
+    cfg: DescendantsConfig, base: seedprint.Fingerprint, prints: dict[str, seedprint.Fingerprint], covers: dict[str, tuple],
+    randoms: list[str], targets: list[str],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """Under each align mode: the base against every target (a row each), the random inits against each other (more
+    unrelated pairs at no fingerprinting cost: TPR at 1% FPR needs them), and the metrics over all those pairs."""
     tests, metrics, pairs = [], [], []
+
+    def test(a: seedprint.Fingerprint, b: seedprint.Fingerprint, mode: Any, tested: tuple[str, ...]) -> seedprint.SeedPrintResult:
+        null = seedprint.AnalyticNull() if mode is None else seedprint.SeedsNull(
+            fingerprints=[prints[r] for r in randoms if r not in tested], label="random inits of the config")
+        return seedprint.lineage_test(a, b, ratio_k=cfg.ratio_k, alpha=ALPHA, align=mode, null=null)
+
     for mode in cfg.align_modes:
-        scores, labels = [], []
-        for name in models.target:
+        first = len(pairs)
+        for name in targets:
             descendant = name not in randoms
-            null = seedprint.AnalyticNull() if mode is None else seedprint.SeedsNull(
-                fingerprints=[prints[r] for r in randoms if r != name], label="random inits of the config")
-            res = seedprint.lineage_test(base, prints[name], ratio_k=cfg.ratio_k, alpha=ALPHA, align=mode, null=null)
+            res = test(base, prints[name], mode, (name,))
             covered = descendant and mode in covers[name]
             expected = f"related, p < {STRONG:g}" if covered else "unrelated" if not descendant else "—"
             ok = res.p < STRONG if covered else res.p >= ALPHA if not descendant else True
             tests.append({"target": name, "kind": "descendant" if descendant else "random init", "align": str(mode), "covered": covered,
                           "tau_bar": res.tau_bar, "k": res.k, "z": res.z, "p": res.p, "log10_p": res.log10_p,
                           "verdict": "related" if res.same_lineage else "unrelated", "expected": expected, "ok": ok})
-            scores.append(-res.log10_p)
-            labels.append(descendant)
             pairs.append({"align": str(mode), "a": "base", "b": name, "related": descendant, "score": -res.log10_p, "p": res.p})
-        # the random inits against each other: more unrelated pairs at no fingerprinting cost (TPR at 1% FPR needs them)
-        for i, first in enumerate(randoms):
-            for second in randoms[i + 1:]:
-                null = seedprint.AnalyticNull() if mode is None else seedprint.SeedsNull(
-                    fingerprints=[prints[r] for r in randoms if r not in (first, second)], label="random inits of the config")
-                res = seedprint.lineage_test(prints[first], prints[second], ratio_k=cfg.ratio_k, alpha=ALPHA, align=mode, null=null)
-                scores.append(-res.log10_p)
-                labels.append(False)
-                pairs.append({"align": str(mode), "a": first, "b": second, "related": False, "score": -res.log10_p, "p": res.p})
-        metrics.append({"align": str(mode), **_metrics(pd.DataFrame(pairs[-len(labels):])).iloc[0].to_dict()})
-    return DescendantsResult(
-        table=pd.DataFrame(tests), models=models, metrics=pd.DataFrame(metrics), base_eval_loss=base_loss, fingerprints=prints,
-        config=cfg.to_dict(), seconds=time.perf_counter() - started, pairs=pd.DataFrame(pairs), not_made=not_made,
-    )
+        for i, one in enumerate(randoms):
+            for other in randoms[i + 1:]:
+                res = test(prints[one], prints[other], mode, (one, other))
+                pairs.append({"align": str(mode), "a": one, "b": other, "related": False, "score": -res.log10_p, "p": res.p})
+        metrics.append({"align": str(mode), **_metrics(pd.DataFrame(pairs[first:])).iloc[0].to_dict()})
+    return tests, metrics, pairs
 
 
 def _slug(text: str) -> str:

@@ -86,29 +86,26 @@ def calibrate(
             _check_kept(n_fresh + 2 * n_pairs, len(kinds) * prints_with.n * ModelAdapter(model).info.d_model * 4, n_fresh)
         for kind in kinds:
             prints[kind].append(fingerprint(model, prints_with, inputs=kind, progress=False))
+    return pd.DataFrame([row for kind in kinds for row in _rates(kind, prints[kind], n_fresh, n_pairs, nulls, aligns, testing)])
+
+
+def _rates(kind: str, prints: list[Fingerprint], n_fresh: int, n_pairs: int, nulls: Sequence[Null], aligns: Sequence[AlignMode],
+           testing: LineageSettings) -> list[dict[str, Any]]:
+    """One row per align mode and null: how often they call the independent pairs of ``prints`` related."""
+    fresh, pairs = prints[:n_fresh], prints[n_fresh:]
     rows = []
-    for kind in kinds:
-        fresh, pairs = prints[kind][:n_fresh], prints[kind][n_fresh:]
-        for align, null in ((align, null) for align in aligns for null in nulls):
-            null = null.with_fresh_inits(fresh)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # the unsafe-regime warning is what this function measures
-                outcomes = [lineage_test(pairs[2 * i], pairs[2 * i + 1], testing, null=null, align=align) for i in range(n_pairs)]
-            false = sum(r.same_lineage for r in outcomes)
-            rows.append(
-                {
-                    "inputs": kind,
-                    "align": str(align),
-                    "null": null.label,
-                    "pairs": n_pairs,
-                    "false_positives": false,
-                    "fpr": false / n_pairs,
-                    "alpha": testing.alpha,
-                    "median_tau_bar": float(np.median([r.tau_bar for r in outcomes])),
-                    "median_log10_p": float(np.median([r.log10_p for r in outcomes])),
-                }
-            )
-    return pd.DataFrame(rows)
+    for align, null in ((align, null) for align in aligns for null in nulls):
+        null = null.with_fresh_inits(fresh)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the unsafe-regime warning is what this function measures
+            outcomes = [lineage_test(pairs[2 * i], pairs[2 * i + 1], testing, null=null, align=align) for i in range(n_pairs)]
+        false = sum(r.same_lineage for r in outcomes)
+        rows.append({
+            "inputs": kind, "align": str(align), "null": null.label, "pairs": n_pairs, "false_positives": false, "fpr": false / n_pairs,
+            "alpha": testing.alpha, "median_tau_bar": float(np.median([r.tau_bar for r in outcomes])),
+            "median_log10_p": float(np.median([r.log10_p for r in outcomes])),
+        })
+    return rows
 
 
 def _check_kept(models: int, per_model: int, n_fresh: int) -> None:

@@ -191,7 +191,7 @@ def train(
     s = overridden(TrainSettings, settings, overrides, "train()")
     s.check()
     folder = Path(checkpoint_dir) if checkpoint_dir is not None else None
-    if checkpoint_every and folder is None:
+    if checkpoint_every and folder is None:  # before the first step
         raise LensBiasError("checkpoint_every needs checkpoint_dir")
     adapter = ModelAdapter(model)
     _check_fits(model, adapter, data, s)
@@ -203,18 +203,11 @@ def train(
     held_out = data.eval[:s.eval_blocks]
     autocast = torch.autocast("cuda", dtype=s.dtype) if s.dtype is not None and device.type == "cuda" else nullcontext()
     book, evals, checkpoints = _Losses(s.lr), [], []
-
-    def checkpoint(step: int) -> None:
-        assert folder is not None  # checked above
-        folder.mkdir(parents=True, exist_ok=True)
-        checkpoints.append(folder / f"step{step:06d}.pt")
-        save_checkpoint(model, checkpoints[-1], step=step)
-
     model.train()
     try:
         with intervene(model, *interventions):
             if checkpoint_every:
-                checkpoint(0)
+                checkpoints.append(_checkpoint(model, folder, 0))
             for step in tqdm(range(s.steps), desc="train", disable=not progress, leave=False):
                 rate = _lr(step, s.steps, s.lr, s.warmup_steps, s.schedule)
                 for group in optimizer.param_groups:
@@ -237,12 +230,21 @@ def train(
                         evals.append({"step": step + 1, "eval_loss": evaluate(model, held_out, device=device, bos=s.bos)})
                     model.train()
                 if saved:
-                    checkpoint(step + 1)
+                    checkpoints.append(_checkpoint(model, folder, step + 1))
     finally:  # after an error or a KeyboardInterrupt too: eval mode is back, and intervene's scope removed the hooks
         model.eval()
     config = {**{k: v for k, v in s.to_dict().items() if k not in ("eval_every", "eval_blocks", "dtype")}, "warmup": s.warmup_steps,
               "corpus": data.corpus_name, "seq_len": data.seq_len, "interventions": [iv.to_dict() for iv in interventions]}
     return TrainingRun(pd.DataFrame(book.rows), pd.DataFrame(evals), checkpoints, config)
+
+
+def _checkpoint(model: Any, folder: Path | None, step: int) -> Path:
+    if folder is None:
+        raise LensBiasError("checkpoint_every needs checkpoint_dir")
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"step{step:06d}.pt"
+    save_checkpoint(model, path, step=step)
+    return path
 
 
 def _check_fits(model: Any, adapter: ModelAdapter, data: TokenData, s: TrainSettings) -> None:
