@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import functools
 import io
 import multiprocessing
@@ -32,6 +31,7 @@ from hypothesis import strategies as st
 import lens_bias
 from lens_bias.cli import build_parser, main
 from lens_bias.core import memory
+from lens_bias.core.serialise import int_fields
 from lens_bias.experiments.base import EXPERIMENTS
 
 from .test_properties import settings as _profiles  # noqa: F401 - registers and loads the suite's Hypothesis profiles
@@ -181,7 +181,7 @@ def _fields(names) -> list[tuple[str, str, str]]:
         experiment = EXPERIMENTS.get(name)
         preset = "tiny" if "tiny" in experiment.presets else experiment.default_preset
         config = experiment.presets[preset]
-        out += [(name, preset, f.name) for f in dataclasses.fields(config) if type(getattr(config, f.name)) is int]
+        out += [(name, preset, field) for field, _ in int_fields(config)]  # a ModelSpec's as model.d_model
     return out
 
 

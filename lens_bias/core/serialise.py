@@ -16,9 +16,10 @@ import torch
 
 from lens_bias.core.errors import LensBiasError
 
-__all__ = ["Serialisable", "to_jsonable", "from_jsonable", "parse_field", "parse_assignments"]
+__all__ = ["Serialisable", "to_jsonable", "from_jsonable", "parse_field", "parse_assignments", "with_assignments", "int_fields"]
 
 S = TypeVar("S", bound="Serialisable")
+T = TypeVar("T")
 
 _TENSOR, _FRAME, _DTYPE = "__tensor__", "__frame__", "__dtype__"
 
@@ -32,6 +33,8 @@ def to_jsonable(value: Any) -> Any:
         return {_DTYPE: str(value).removeprefix("torch.")}
     if isinstance(value, torch.device):  # read back as its name, which every device argument takes
         return str(value)
+    if isinstance(value, Serialisable):  # a nested settings object (a config's ModelSpec): read back by its field's default
+        return value.to_dict()
     if isinstance(value, pd.DataFrame):
         return {_FRAME: [str(c) for c in value.columns], "records": value.to_dict(orient="records")}
     if isinstance(value, dict):
@@ -101,6 +104,10 @@ class Serialisable:
             raise LensBiasError(f"{cls.__name__}.from_dict: missing field(s) {missing}; pass what {cls.__name__}.to_dict() wrote")
         values = {}
         for name, value in d.items():
+            nested = fields[name].default
+            if isinstance(nested, Serialisable) and isinstance(value, Mapping):
+                values[name] = type(nested).from_dict(value)
+                continue
             value = from_jsonable(value)
             if isinstance(value, list) and isinstance(fields[name].default, tuple):
                 value = tuple(tuple(v) if isinstance(v, list) else v for v in value)
@@ -149,3 +156,50 @@ def parse_assignments(cls: type, items: Sequence[str], flag: str) -> dict[str, A
             raise LensBiasError(f"{flag} takes FIELD=VALUE, got {item!r}")
         values[name.strip()] = parse_field(cls, name.strip(), text.strip())
     return values
+
+
+def with_assignments(config: T, items: Sequence[str], flag: str) -> T:
+    """The frozen dataclass ``config`` with ``["steps=200", "model.d_model=64"]`` applied, each value typed by
+    :func:`parse_field`; a dotted name sets a field of a nested settings object (an experiment's ``ModelSpec``).
+
+    >>> from dataclasses import dataclass
+    >>> @dataclass(frozen=True)
+    ... class Inner:
+    ...     d: int = 1
+    >>> @dataclass(frozen=True)
+    ... class Outer:
+    ...     steps: int = 10
+    ...     inner: Inner = Inner()
+    >>> with_assignments(Outer(), ["steps=3", "inner.d=4"], "--set")
+    Outer(steps=3, inner=Inner(d=4))
+    """
+    top: dict[str, Any] = {}
+    nested: dict[str, list[str]] = {}
+    for item in items:
+        name, eq, text = item.partition("=")
+        if not eq:
+            raise LensBiasError(f"{flag} takes FIELD=VALUE, got {item!r}")
+        outer, dot, inner = name.strip().partition(".")
+        if dot:
+            nested.setdefault(outer, []).append(f"{inner}={text}")
+        else:
+            top[outer] = parse_field(type(config), outer, text.strip())
+    for outer, assignments in nested.items():
+        inner_config = top.get(outer, getattr(config, outer, None))
+        if not dataclasses.is_dataclass(inner_config) or isinstance(inner_config, type):
+            raise LensBiasError(f"{type(config).__name__} has no settings object {outer!r} for {flag} {outer}.FIELD=VALUE")
+        top[outer] = with_assignments(inner_config, assignments, flag)
+    changed: Any = config  # a dataclass instance: parse_field refused anything else
+    return dataclasses.replace(changed, **top)
+
+
+def int_fields(config: Any, prefix: str = "") -> list[tuple[str, int]]:
+    """Every integer field of a dataclass, nested settings objects' as dotted names (what ``--set`` can change)."""
+    out: list[tuple[str, int]] = []
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if type(value) is int:
+            out.append((prefix + f.name, value))
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            out += int_fields(value, f"{prefix}{f.name}.")
+    return out

@@ -11,13 +11,12 @@ its subcommand: ``--preset`` (the presets' names), ``--set FIELD=VALUE`` (any co
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar, Mapping, Sequence
 
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.registry import Registry
-from lens_bias.core.serialise import Serialisable, parse_assignments
+from lens_bias.core.serialise import Serialisable, int_fields, with_assignments
 
 __all__ = ["Experiment", "Outcome", "EXPERIMENTS"]
 
@@ -64,11 +63,10 @@ class Experiment:
         name = self.default_preset if preset is None else preset
         if name not in self.presets:
             raise LensBiasError(f"unknown preset {name!r} of {self.name}; choose from {list(self.presets)}")
-        config = dataclasses.replace(self.presets[name], **parse_assignments(self.config_type, overrides, "--set"))
-        for field in dataclasses.fields(config):
-            value = getattr(config, field.name)
-            if type(value) is int and value < self.least(field.name):
-                raise LensBiasError(f"{field.name} must be >= {self.least(field.name)}, got {value}")
+        config = with_assignments(self.presets[name], overrides, "--set")
+        for field, value in int_fields(config):
+            if value < self.least(field):
+                raise LensBiasError(f"{field} must be >= {self.least(field)}, got {value}")
         return config
 
     def least(self, field: str) -> int:

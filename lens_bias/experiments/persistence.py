@@ -64,11 +64,9 @@ CYCLE = [(SEEDS[i], SEEDS[(i + 1) % len(SEEDS)]) for i in range(len(SEEDS))]  # 
 class PersistenceConfig(Serialisable):
     """Sizes of the experiment; ``PRESETS`` holds the tested ones."""
 
-    arch: str = "llama"
-    d_model: int = 128
-    n_layers: int = 4
-    n_heads: int = 4
-    vocab: int = 4096  # BPE vocabulary = the models' d_vocab; token fingerprints need N <= vocab / 4
+    # The models (seeds are the experiment's). d_vocab is the BPE vocabulary (token fingerprints need N <= d_vocab / 4);
+    # n_ctx holds the training and fingerprint lengths.
+    model: ModelSpec = ModelSpec("llama", d_model=128, n_layers=4, n_heads=4, d_vocab=4096, n_ctx=64)
     seq_len: int = 64  # training sequence length
     batch_size: int = 16
     pretrain_steps: int = 600
@@ -85,10 +83,10 @@ class PersistenceConfig(Serialisable):
 
 
 PRESETS = {
-    "tiny": PersistenceConfig(d_model=64, n_layers=2, vocab=2048, seq_len=32, batch_size=8, pretrain_steps=60, continue_steps=30, pretrain_lr=3e-3, continue_lr=1e-3, checkpoint_every=20, n_inputs=400, input_len=32, m=32, n_null=12),
+    "tiny": PersistenceConfig(model=ModelSpec("llama", d_model=64, n_layers=2, n_heads=4, d_vocab=2048, n_ctx=32), seq_len=32, batch_size=8, pretrain_steps=60, continue_steps=30, pretrain_lr=3e-3, continue_lr=1e-3, checkpoint_every=20, n_inputs=400, input_len=32, m=32, n_null=12),
     "default": PersistenceConfig(),
     # The papers' 160M LLaMA toy (d 768, 12 layers, ffn 2048) for GPU users: 2048-token blocks, batch 32, lr 3e-4.
-    "scale": PersistenceConfig(d_model=768, n_layers=12, n_heads=12, vocab=32000, seq_len=2048, batch_size=32, pretrain_steps=5000, pretrain_lr=3e-4, continue_steps=2000, continue_lr=2e-5, checkpoint_every=500, n_inputs=2000, input_len=1024, m=76, n_null=20),
+    "scale": PersistenceConfig(model=ModelSpec("llama", d_model=768, n_layers=12, n_heads=12, d_vocab=32000, n_ctx=2048), seq_len=2048, batch_size=32, pretrain_steps=5000, pretrain_lr=3e-4, continue_steps=2000, continue_lr=2e-5, checkpoint_every=500, n_inputs=2000, input_len=1024, m=76, n_null=20),
 }
 
 
@@ -184,16 +182,18 @@ def run_persistence(
     kinds = list(inputs)
     if not kinds or any(k not in KINDS for k in kinds):
         raise LensBiasError(f"inputs must be a non-empty subset of {list(KINDS)}, got {inputs!r}")
-    if cfg.n_inputs > cfg.vocab // 4:
-        raise LensBiasError(f"token fingerprints need n_inputs <= vocab / 4 (got {cfg.n_inputs} > {cfg.vocab // 4})")
-    if cfg.m > cfg.d_model:  # before any training: the fingerprints come last
-        raise LensBiasError(f"m (identity dims) must be <= d_model {cfg.d_model}, got {cfg.m}")
+    spec = cfg.model
+    if cfg.n_inputs > spec.d_vocab // 4:
+        raise LensBiasError(f"token fingerprints need n_inputs <= model.d_vocab / 4 (got {cfg.n_inputs} > {spec.d_vocab // 4})")
+    if cfg.m > spec.d_model:  # before any training: the fingerprints come last
+        raise LensBiasError(f"m (identity dims) must be <= model.d_model {spec.d_model}, got {cfg.m}")
+    if max(cfg.seq_len, cfg.input_len) > spec.n_ctx:
+        raise LensBiasError(f"seq_len {cfg.seq_len} and input_len {cfg.input_len} must fit model.n_ctx {spec.n_ctx}; set model.n_ctx={max(cfg.seq_len, cfg.input_len)}")
     # every model's fingerprints are kept until the tables: the seeds' inits, trained and continued models, the nulls
     models = 2 * len(SEEDS) + 2 + cfg.n_null_trained + (cfg.n_null if "embeddings" in kinds else 0)
-    memory.check_held("the persistence fingerprints", models, len(kinds) * cfg.n_inputs * cfg.d_model * 4, "8 + n_null_trained (+ n_null with embedding inputs)", "n_inputs or d_model")
-    on_prose = TokenData.build(prose(), vocab_size=cfg.vocab, seq_len=cfg.seq_len, progress=progress)
+    memory.check_held("the persistence fingerprints", models, len(kinds) * cfg.n_inputs * spec.d_model * 4, "8 + n_null_trained (+ n_null with embedding inputs)", "n_inputs or model.d_model")
+    on_prose = TokenData.build(prose(), vocab_size=spec.d_vocab, seq_len=cfg.seq_len, progress=progress)
     on_code = TokenData.build(code(), seq_len=cfg.seq_len, tokenizer_from=on_prose, progress=progress)
-    spec = ModelSpec(cfg.arch, d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads, d_vocab=cfg.vocab, n_ctx=max(cfg.seq_len, cfg.input_len))
     # each run's own bar under the runs' bar: a long run shows its steps and ETA
     pretrain = dict(steps=cfg.pretrain_steps, batch_size=cfg.batch_size, lr=cfg.pretrain_lr, weight_decay=cfg.weight_decay, data_seed=DATA_SEED, progress=progress)
     prints: dict[str, dict[str, seedprint.Fingerprint]] = {}

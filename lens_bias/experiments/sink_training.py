@@ -21,7 +21,7 @@ import logging
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Sequence, Union
+from typing import Any, Mapping, Sequence, Union
 
 import pandas as pd
 import torch
@@ -67,12 +67,8 @@ BOS = 0  # the tokenizer's <|endoftext|>: every training and evaluation sequence
 class SinkConfig(Serialisable):
     """Sizes and settings of the experiment; ``PRESETS`` holds the tested ones."""
 
-    arch: str = "llama"
-    d_model: int = 128
-    n_layers: int = 4
-    n_heads: int = 4
-
-    vocab: int = 4096  # BPE vocabulary of the prose tokenizer = the model's d_vocab
+    # The trained model. Its d_vocab is the BPE vocabulary of the prose tokenizer; its n_ctx holds seq_len; its seed is the init's.
+    model: ModelSpec = ModelSpec("llama", d_model=128, n_layers=4, n_heads=4, d_vocab=4096, n_ctx=64)
     # Training text: "prose" (stdlib docs, ~0.5M tokens at V 4096) or "code" (stdlib source, ~3M tokens, same tokenizer).
     # Code gave stronger first-token sinks than prose at the same steps in the recipe search (README).
     corpus: str = "code"
@@ -82,29 +78,43 @@ class SinkConfig(Serialisable):
     lr: float = 3e-3
     # Gu et al.: weight decay 0.5 strengthens sinks (18% -> 41% at 60M).
     weight_decay: float = 0.5
-    init_seed: int = 0
     data_seed: int = 42
     position: int = 10  # the paper moves the sink to token 10
     factor: float = 8.0  # λ of AmplifyVariance / ScaleNorm
     eps: float = 0.3  # Gu et al.'s threshold; rates at 0.1 are reported too
     n_eval: int = 100  # held-out sequences for the sink metrics (Gu et al. use 100)
-    # Experiment 1 (init): a separate, wider-sampled measurement.
-    init_d_model: int = 128
-    init_n_layers: int = 2
+    # Experiment 1 (init): a separate, wider-sampled measurement on its own model (two init seeds are drawn from 0).
+    init_model: ModelSpec = ModelSpec("llama", d_model=128, n_layers=2, n_heads=4, d_vocab=8000, n_ctx=64)
     init_sequences: int = 512
     train_rmsnorm: bool = True  # experiment 4 (doubles the training time)
 
 
-    def model_spec(self) -> ModelSpec:
-        return ModelSpec(self.arch, d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads, d_vocab=self.vocab, n_ctx=self.seq_len, seed=self.init_seed)
+    @property
+    def vocab(self) -> int:
+        """The tokenizer's vocabulary: the trained model's d_vocab."""
+        return self.model.d_vocab
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "SinkConfig":
+        """The config :meth:`to_dict` wrote; one of a checkpoint written before configs held a ModelSpec (flat
+        ``arch``, ``d_model``, ... fields, as the shipped sink model's) is read into one."""
+        if "model" in d:
+            return super().from_dict(d)
+        flat = dict(d)
+        shape = {name: flat.pop(name) for name in ("d_model", "n_layers", "n_heads") if name in flat}
+        model = ModelSpec(flat.pop("arch", "llama"), **shape, d_vocab=flat.pop("vocab", 4096), n_ctx=flat.get("seq_len", 64), seed=flat.pop("init_seed", 0))
+        width = flat.pop("init_d_model", 128)
+        init = ModelSpec(model.arch, d_model=width, n_layers=flat.pop("init_n_layers", 2), n_heads=max(1, width // 32), d_vocab=8000, n_ctx=model.n_ctx)
+        return super().from_dict({**flat, "model": model.to_dict(), "init_model": init.to_dict()})
 
 
 PRESETS: dict[str, SinkConfig] = {
-    "tiny": SinkConfig(d_model=64, n_layers=2, n_heads=1, vocab=1024, corpus="prose", seq_len=32, batch_size=16, steps=150, lr=3e-3, position=5, n_eval=64, init_d_model=64, init_sequences=256),
+    "tiny": SinkConfig(model=ModelSpec("llama", d_model=64, n_layers=2, n_heads=1, d_vocab=1024, n_ctx=32), corpus="prose", seq_len=32, batch_size=16, steps=150, lr=3e-3,
+                       position=5, n_eval=64, init_model=ModelSpec("llama", d_model=64, n_layers=2, n_heads=2, d_vocab=8000, n_ctx=32), init_sequences=256),
     "default": SinkConfig(),
     "sink-model": SinkConfig(steps=3000, train_rmsnorm=False),
     # For a GPU (``--device cuda``, bf16 autocast): width, depth and tokens closer to Gu et al.'s 60M model.
-    "gpu": SinkConfig(d_model=512, n_layers=8, n_heads=8, batch_size=128, steps=8000, lr=1e-3, n_eval=100),
+    "gpu": SinkConfig(model=ModelSpec("llama", d_model=512, n_layers=8, n_heads=8, d_vocab=4096, n_ctx=64), batch_size=128, steps=8000, lr=1e-3, n_eval=100),
 }
 
 
@@ -154,7 +164,7 @@ class SinkExperimentResult:
 def init_variance_table(cfg: SinkConfig, seeds: Sequence[int] = (0, 1), *, progress: bool = False) -> pd.DataFrame:
     """Experiment 1: r_t at init for softmax and uniform attention, two seeds, MaskToSelf, HeadwiseRMSNorm."""
     k = cfg.position
-    spec = ModelSpec(cfg.arch, d_model=cfg.init_d_model, n_layers=cfg.init_n_layers, n_heads=max(1, cfg.init_d_model // 32), d_vocab=8000, n_ctx=cfg.seq_len)
+    spec = cfg.init_model
     tokens = RandomTokens(cfg.init_sequences, cfg.seq_len, spec.d_vocab, seed=7)  # random_tokens' IDs, drawn per batch
     conditions: list[tuple[str, int, float, list[Intervention]]] = []
     for seed in seeds:
@@ -247,10 +257,10 @@ def train_sink_model(
 ) -> tuple[Any, TrainingRun, float]:
     """Train ``cfg``'s model on ``data`` with a fixed first token; returns (model, run, seconds).
 
-    ``model``: the init to train (default: ``random_init(cfg.model_spec())``), e.g. the one the interventions'
+    ``model``: the init to train (default: ``random_init(cfg.model)``), e.g. the one the interventions'
     parameters were bound to. On CUDA the forward runs under bf16 autocast (weights and optimizer state stay float32).
     """
-    model = random_init(cfg.model_spec(), device=device) if model is None else model
+    model = random_init(cfg.model, device=device) if model is None else model
     dtype = torch.bfloat16 if torch.device(device or "cpu").type == "cuda" else None
     start = time.perf_counter()
     run = train(model, data, steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, weight_decay=cfg.weight_decay, data_seed=cfg.data_seed,
@@ -262,7 +272,7 @@ def sink_model(path: Union[str, Path, None] = None, device: Union[str, torch.dev
     """The shipped trained sink model (or one saved by :func:`run_sink_experiment`) and its config.
 
     >>> model, cfg = sink_model()
-    >>> cfg.d_model, cfg.n_layers, cfg.position
+    >>> cfg.model.d_model, cfg.model.n_layers, cfg.position
     (128, 4, 10)
     """
     path = Path(path) if path is not None else SINK_MODEL_PATH
@@ -297,6 +307,9 @@ def run_sink_experiment(
         raise LensBiasError(f"unknown preset {config!r}; choose from {list(PRESETS)}")
     cfg = PRESETS[config] if isinstance(config, str) else config
     check_later_position(cfg.position, cfg.seq_len)  # the later token the interventions move the sink to
+    for name, spec in (("model", cfg.model), ("init_model", cfg.init_model)):
+        if cfg.seq_len > spec.n_ctx:
+            raise LensBiasError(f"seq_len {cfg.seq_len} exceeds {name}.n_ctx {spec.n_ctx}; set {name}.n_ctx={cfg.seq_len} too")
     init_table = init_variance_table(cfg, progress=progress)
     training_rows = []
     if trained is not None:
@@ -309,7 +322,7 @@ def run_sink_experiment(
         model, baseline_run, seconds = train_sink_model(cfg, data, progress=progress, device=device)
         training_rows.append(_training_row("baseline", baseline_run, data, seconds))
     tokens = eval_tokens(data, cfg.n_eval)
-    init_model = random_init(cfg.model_spec(), device=device)
+    init_model = random_init(cfg.model, device=device)
     # α of every sequence: the paired share difference, the paired intervention table, rates at ε 0.1
     init_sinks = measure(init_model, tokens, [Sinks(eps=cfg.eps, per_sequence=True)])["sinks"]
     trained_results = measure(model, tokens, [Sinks(eps=cfg.eps, per_sequence=True), SuperNeurons(position=0)])
@@ -326,7 +339,7 @@ def run_sink_experiment(
             training_rows.append(_training_row("baseline", baseline_run, data, seconds))
         else:
             base_model = model
-        rms_model = random_init(cfg.model_spec(), device=device)
+        rms_model = random_init(cfg.model, device=device)
         norm = HeadwiseRMSNorm(gain=True).bind(rms_model)
         rms_model, rms_run, seconds = train_sink_model(cfg, data, interventions=[norm], progress=progress, device=device, model=rms_model)
         training_rows.append(_training_row("HeadwiseRMSNorm", rms_run, data, seconds))

@@ -1,6 +1,7 @@
 """The sink experiments' --tiny run end to end (through the CLI), and the shipped sink model."""
 
 import json
+from dataclasses import replace
 
 import pandas as pd
 import pytest
@@ -24,7 +25,7 @@ def test_tiny_run_writes_every_table_and_a_loadable_model(tiny_run):
         assert len(pd.read_csv(tiny_run / f"{name}.csv")) > 0, name
     assert SinkConfig.from_dict(json.loads((tiny_run / "config.json").read_text())) == PRESETS["tiny"]
     model, cfg = sink_model(tiny_run / "sink_model.pt")
-    assert cfg == PRESETS["tiny"] and model.cfg.d_model == cfg.d_model
+    assert cfg == PRESETS["tiny"] and model.cfg.d_model == cfg.model.d_model
     training = pd.read_csv(tiny_run / "training.csv")
     assert (training.eval_loss < training.unigram_entropy).all(), "the tiny models must learn something"
 
@@ -80,7 +81,7 @@ def test_shipped_sink_model_has_a_first_token_sink_and_mask_to_self_moves_it():
     model, cfg = sink_model()
     tokens = eval_tokens(corpus_data(cfg), cfg.n_eval)
     trained = measure(model, tokens, [Sinks(eps=cfg.eps, per_sequence=True)])["sinks"]
-    init = measure(random_init(cfg.model_spec()), tokens, [Sinks(eps=cfg.eps, per_sequence=True)])["sinks"]
+    init = measure(random_init(cfg.model), tokens, [Sinks(eps=cfg.eps, per_sequence=True)])["sinks"]
     share = trained.alpha[..., 0].mean(dim=(1, 2)) - init.alpha[..., 0].mean(dim=(1, 2))
     assert share.mean() > 3 * share.std() / len(share) ** 0.5
     assert trained.rate(0.1)[0] > init.rate(0.1)[0]
@@ -114,3 +115,18 @@ def test_checkpoint_layouts_convert_both_ways():
     back = spec.architecture.hooked_to_bridge(hooked, spec)
     assert back.keys() == saved["state_dict"].keys()
     assert all(torch.equal(back[k], v) for k, v in saved["state_dict"].items())
+
+
+def test_the_configs_hold_a_model_spec_that_set_changes_by_dotted_names():
+    from lens_bias.experiments.base import EXPERIMENTS
+    from lens_bias.experiments.persistence import PersistenceConfig
+
+    cfg = EXPERIMENTS["sinks"].config("tiny", ["model.d_model=32", "model.seed=5", "steps=3"])
+    assert (cfg.model.d_model, cfg.model.seed, cfg.steps, cfg.vocab) == (32, 5, 3, PRESETS["tiny"].model.d_vocab)
+    assert type(cfg).from_dict(cfg.to_dict()) == cfg and PersistenceConfig.from_dict(PersistenceConfig().to_dict()) == PersistenceConfig()
+    with pytest.raises(LensBiasError, match="model.n_layers must be >= 1"):
+        EXPERIMENTS["persistence"].config("tiny", ["model.n_layers=0"])
+    with pytest.raises(LensBiasError, match="has no settings object 'steps'"):
+        EXPERIMENTS["sinks"].config("tiny", ["steps.x=1"])
+    with pytest.raises(LensBiasError, match=r"seq_len 64 exceeds model.n_ctx 32; set model.n_ctx=64"):
+        run_sink_experiment(replace(PRESETS["tiny"], seq_len=64), progress=False)
