@@ -12,7 +12,7 @@ and :meth:`Result.show`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Hashable, Mapping, Sequence
+from typing import Any, ClassVar, Generic, Hashable, Mapping, Sequence, TypeVar, cast, get_args, get_origin
 
 import pandas as pd
 from jaxtyping import Int
@@ -27,7 +27,7 @@ from lens_bias.core.registry import Registry
 from lens_bias.core.serialise import Serialisable
 from lens_bias.hooks.base import edit_hooks, fix_for_inputs
 
-__all__ = ["Analysis", "Result", "SECTIONS", "run_analyses", "measure"]
+__all__ = ["Analysis", "Result", "Results", "SECTIONS", "run_analyses", "measure"]
 
 
 class Result(Serialisable):
@@ -94,17 +94,22 @@ class Result(Serialisable):
 SECTIONS: Registry[type["Analysis"]] = Registry("analysis", order=lambda cls: cls.order)
 
 
+R = TypeVar("R", bound=Result)
+
+
 @dataclass(frozen=True)
-class Analysis:
+class Analysis(Generic[R]):
     """One measurement, registered as a report section by subclassing with a ``name``.
 
-    Subclasses set ``name`` (the section, ``report.<name>``), ``result_type`` and optionally ``order`` (place in
-    the report) and :meth:`applies_to`, and implement :meth:`probes` and :meth:`finalize`. Fields of the
-    (frozen) dataclass are the analysis' parameters; ``analyze`` builds it with their defaults.
+    A subclass names its result type as the generic argument (``class Sinks(Analysis[SinksResult])``), sets
+    ``name`` (the section, ``report.<name>``) and optionally ``order`` (place in the report) and
+    :meth:`applies_to`, and implements :meth:`probes` and :meth:`finalize`. Fields of the (frozen) dataclass are
+    the analysis' parameters; ``analyze`` builds it with their defaults. ``results.of(Sinks)`` is then a
+    ``SinksResult`` to the type checker as well as at run time.
     """
 
     name: ClassVar[str]
-    result_type: ClassVar[type[Result]] = Result
+    result_type: ClassVar[type[Result]] = Result  # read from the generic argument
     # Place in the report of a random init; ``trained_order`` (when set) of a trained model, whose page opens with
     # the anatomy of its sink rather than with what it was born with.
     order: ClassVar[float] = 100.0
@@ -117,8 +122,11 @@ class Analysis:
         if "name" not in cls.__dict__:  # a subclass without its own name is a base for others, not a section
             return
         SECTIONS.check(cls.name, cls)
+        typed = [get_args(base)[0] for base in getattr(cls, "__orig_bases__", ()) if get_origin(base) is Analysis and get_args(base)]
+        if typed and isinstance(typed[0], type) and issubclass(typed[0], Result):
+            cls.result_type = typed[0]
         if cls.result_type is Result:  # BiasReport.from_dict rebuilds the section through it
-            raise LensBiasError(f"{cls.__qualname__} sets no result_type; set it to the Result dataclass its finalize returns")
+            raise LensBiasError(f"{cls.__qualname__} names no result type; subclass Analysis[YourResult], the Result dataclass its finalize returns")
         SECTIONS.add(cls.name, cls)
 
     @classmethod
@@ -154,9 +162,31 @@ class Analysis:
         """The hook reads this analysis needs, by names of its own choosing (e.g. ``("alpha", layer)``)."""
         raise NotImplementedError
 
-    def finalize(self, adapter: ModelAdapter, kept: Mapping[Hashable, Tensor], spec: InputSpec) -> Result:
+    def finalize(self, adapter: ModelAdapter, kept: Mapping[Hashable, Tensor], spec: InputSpec) -> R:
         """Build the result from ``{name in probes(): tensor[n, ...]}``."""
         raise NotImplementedError
+
+
+class Results(dict[str, Result]):
+    """Section results by name; :meth:`of` finds one by its analysis class, typed as that analysis' result.
+
+    >>> import lens_bias
+    >>> from lens_bias.analyses.sinks import Sinks
+    >>> m = lens_bias.random_init("llama", d_model=64, n_layers=2, n_heads=4, d_vocab=97, n_ctx=16)
+    >>> measure(m, lens_bias.random_tokens(4, 8, 97), [Sinks()]).of(Sinks).alpha_mean.shape  # a SinksResult
+    torch.Size([2, 4, 8])
+    """
+
+    def of(self, analysis: type[Analysis[R]]) -> R:
+        """The result of ``analysis`` (a class); KeyError when that section was not computed."""
+        result = self[analysis.name]
+        if not isinstance(result, analysis.result_type):
+            raise TypeError(f"section {analysis.name} holds a {type(result).__name__}, not the {analysis.result_type.__name__} {analysis.__name__} makes")
+        return cast(R, result)  # R is analysis.result_type, checked above
+
+    def find(self, analysis: type[Analysis[R]]) -> R | None:
+        """The result of ``analysis``, or None when that section was not computed."""
+        return self.of(analysis) if analysis.name in self else None
 
 
 def run_analyses(
@@ -168,7 +198,7 @@ def run_analyses(
     batch_size: int | None = None,
     interventions: Sequence[Any] = (),
     progress: bool = True,
-) -> dict[str, Result]:
+) -> Results:
     """Run every analysis on ``inputs`` with one shared batched forward pass; results by analysis name.
 
     ``interventions``: lens_bias.hooks interventions and/or ``(hook_name, fn)`` pairs attached for the pass, in
@@ -183,22 +213,22 @@ def run_analyses(
     wanted = [a.probes(adapter) for a in analyses]
     hooks = edit_hooks(adapter.model, fix_for_inputs(adapter.model, interventions, inputs, batch_size))  # the same at any batch size
     kept = adapter.collect(inputs, [p for probes in wanted for p in probes.values()], batch_size=batch_size, hooks=hooks, progress=progress)
-    return {
-        a.name: a.finalize(adapter, {local: kept[p.key] for local, p in probes.items()}, spec)
-        for a, probes in zip(analyses, wanted)
-    }
+    return Results(
+        (a.name, a.finalize(adapter, {local: kept[p.key] for local, p in probes.items()}, spec)) for a, probes in zip(analyses, wanted)
+    )
 
 
 def measure(
     model: Any, tokens: Int[Tensor, "n seq"], analyses: Sequence[Analysis], *, interventions: Sequence[Any] = (), batch_size: int | None = None,
     progress: bool = False,
-) -> dict[str, Result]:
-    """:func:`run_analyses` on your own token IDs: one batched pass of ``model`` for every analysis, results by name.
+) -> Results:
+    """:func:`run_analyses` on your own token IDs: one batched pass of ``model`` for every analysis, results by name
+    (``.of(AnalysisClass)`` gives one with its type).
 
     >>> import lens_bias
     >>> from lens_bias.analyses.sinks import Sinks
     >>> m = lens_bias.random_init("llama", d_model=64, n_layers=2, n_heads=4, d_vocab=97, n_ctx=16)
-    >>> measure(m, lens_bias.random_tokens(4, 8, 97), [Sinks()])["sinks"].alpha_mean.shape  # [layer, head, key]
+    >>> measure(m, lens_bias.random_tokens(4, 8, 97), [Sinks()]).of(Sinks).alpha_mean.shape  # [layer, head, key]
     torch.Size([2, 4, 8])
     """
     spec = InputSpec(kind="tokens", n=tokens.shape[0], seq_len=tokens.shape[1], seed=None)

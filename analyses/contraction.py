@@ -132,11 +132,10 @@ class ContractionResult(Result):
 
 
 @dataclass(frozen=True)
-class Contraction(Analysis):
+class Contraction(Analysis[ContractionResult]):
     """Inter- and intra-sequence cosine at the embedding, after every block, and after the final norm."""
 
     name: ClassVar[str] = "contraction"
-    result_type = ContractionResult
     order = 20
     trained_order = 70
 

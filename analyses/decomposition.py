@@ -142,11 +142,10 @@ class DecompositionResult(Result):
 
 
 @dataclass(frozen=True)
-class Decomposition(Analysis):
+class Decomposition(Analysis[DecompositionResult]):
     """Split the residual stream into its components and measure each one's shared part."""
 
     name: ClassVar[str] = "decomposition"
-    result_type = DecompositionResult
     order = 30
     trained_order = 80
     positions: str = "last"  # "last" (the readout position) or "all"

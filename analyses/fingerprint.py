@@ -57,11 +57,10 @@ class FingerprintSummary(Result):
 
 
 @dataclass(frozen=True)
-class FingerprintSection(Analysis):
+class FingerprintSection(Analysis[FingerprintSummary]):
     """Summarise the features ``lens_bias.seedprint.fingerprint`` would extract on the report's inputs."""
 
     name: ClassVar[str] = "fingerprint"
-    result_type = FingerprintSummary
     order = 40
     trained_order = 90
     ratio_k: float = 0.10  # m = ⌊ratio_k · d_model⌋, the SeedPrint default

@@ -214,11 +214,10 @@ def _input_max(x: Tensor) -> Tensor:  # [batch, pos, d] -> []
 
 
 @dataclass(frozen=True)
-class MassiveActivations(Analysis):
+class MassiveActivations(Analysis[MassiveActivationsResult]):
     """Top-``top`` |h| with their position and dimension, and the median |h|, of every block's output (Sun et al.)."""
 
     name: ClassVar[str] = "massive_activations"
-    result_type = MassiveActivationsResult
     order = 75
     trained_order = 20
     # Entries kept per sequence and layer (Sun et al. plot the top 3).
@@ -291,7 +290,7 @@ def massive_activations(
     width = tokens.shape[1] * ModelAdapter(model).info.d_model
     if top > width:
         raise LensBiasError(f"top={top} exceeds the {width} values of one sequence's hidden state; pass top <= {width}")
-    return measure(model, tokens, [analysis], batch_size=batch_size, progress=progress)["massive_activations"]  # type: ignore[return-value]
+    return measure(model, tokens, [analysis], batch_size=batch_size, progress=progress).of(MassiveActivations)
 
 
 def massive_ablation(

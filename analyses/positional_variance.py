@@ -210,11 +210,10 @@ def profile_spread(*results: PositionalVarianceResult) -> float:
 
 
 @dataclass(frozen=True)
-class PositionalVariance(Analysis):
+class PositionalVariance(Analysis[PositionalVarianceResult]):
     """Std across sequences at every position of every head's output (``attn.hook_z``) and layer's (``hook_attn_out``)."""
 
     name: ClassVar[str] = "positional_variance"
-    result_type = PositionalVarianceResult
     order = 50
     trained_order = 40
 

@@ -119,15 +119,15 @@ def anatomy_conditions(
     dense = info.n_experts is None  # a mixture of experts has its super weights per expert, not one per layer
     sections = [MassiveActivations(), *([SuperWeights(top=n_candidates), SuperNeurons()] if dense else [])]
     found = measure(model, calibration, sections, batch_size=batch_size, progress=progress)
-    massive = found["massive_activations"]
-    onset = massive.onset_layer()  # type: ignore[attr-defined]
-    dims = massive.dims(onset, positions=(0,)) if onset is not None else []  # type: ignore[attr-defined]
+    massive = found.of(MassiveActivations)
+    onset = massive.onset_layer()
+    dims = massive.dims(onset, positions=(0,)) if onset is not None else []
     # no massive activation by Sun's rule: the largest dim
-    dims = dims or [found["super_neurons"].massive_dim if dense else massive.largest_at_first()[1]]  # type: ignore[attr-defined]
+    dims = dims or [found.of(SuperNeurons).massive_dim if dense else massive.largest_at_first()[1]]
     means = _mean_states(model, calibration, batch_size, progress)
     conditions = [Condition("unedited", "the model as it is", "")]
     if dense:
-        conditions += _weight_conditions(found["super_weights"], info.d_model, int(info.d_mlp), n_candidates, n_random, seed)
+        conditions += _weight_conditions(found.of(SuperWeights), info.d_model, int(info.d_mlp), n_candidates, n_random, seed)
     conditions += [
         Condition(f"massive dims {dims} at the later positions' mean",
                   f"position 0's dims {dims} set after every block to this model's mean over positions ≥ 1 (calibration sequences): close to "
@@ -186,6 +186,6 @@ def massive_dims(conditions: Sequence[Condition], model: Any, calibration: Tenso
             if 0 < len(dims) < ModelAdapter(model).info.d_model:
                 return dims  # in the order the condition set them: the largest massive dim first
     if ModelAdapter(model).info.n_experts is not None:  # no single MLP per layer to rank
-        return [measure(model, calibration, [MassiveActivations()], batch_size=batch_size)["massive_activations"].largest_at_first()[1]]  # type: ignore[attr-defined]
-    found = measure(model, calibration, [SuperNeurons()], batch_size=batch_size, progress=progress)["super_neurons"]
-    return [found.massive_dim]  # type: ignore[attr-defined]
+        return [measure(model, calibration, [MassiveActivations()], batch_size=batch_size).of(MassiveActivations).largest_at_first()[1]]
+    found = measure(model, calibration, [SuperNeurons()], batch_size=batch_size, progress=progress).of(SuperNeurons)
+    return [found.massive_dim]

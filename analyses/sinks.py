@@ -349,11 +349,10 @@ class SinksResult(Result):
 
 
 @dataclass(frozen=True)
-class Sinks(Analysis):
+class Sinks(Analysis[SinksResult]):
     """Sink metric for every key position, per layer and head, and the first token's residual norm ratio."""
 
     name: ClassVar[str] = "sinks"
-    result_type = SinksResult
     order = 60
     trained_order = 10
     eps: float = DEFAULT_EPS

@@ -113,12 +113,11 @@ class SuperExpertsResult(Result):
 
 
 @dataclass(frozen=True)
-class SuperExperts(Analysis):
+class SuperExperts(Analysis[SuperExpertsResult]):
     """Super weights per expert of a mixture of experts, from the experts' own down-projection spikes (see module
     docstring)."""
 
     name: ClassVar[str] = "super_experts"
-    result_type = SuperExpertsResult
     order = 79
     trained_order = 26
     # Candidates in coordinates() (the table lists every expert).
@@ -218,4 +217,4 @@ def super_experts(
     why = analysis.unavailable(ModelAdapter(model))
     if why is not None:
         raise LensBiasError(why)
-    return measure(model, tokens, [analysis], interventions=interventions, batch_size=batch_size, progress=progress)["super_experts"]  # type: ignore[return-value]
+    return measure(model, tokens, [analysis], interventions=interventions, batch_size=batch_size, progress=progress).of(SuperExperts)

@@ -216,11 +216,10 @@ class SuperNeuronsResult(Result):
 
 
 @dataclass(frozen=True)
-class SuperNeurons(Analysis):
+class SuperNeurons(Analysis[SuperNeuronsResult]):
     """Super neurons ranked by their write into the massive dimension, dimension disparity and massive activations."""
 
     name: ClassVar[str] = "super_neurons"
-    result_type = SuperNeuronsResult
     order = 70
     trained_order = 30
     # The sink position whose outlier status is measured; 0 is the first token.

@@ -179,11 +179,10 @@ class SuperWeightsResult(Result):
 
 
 @dataclass(frozen=True)
-class SuperWeights(Analysis):
+class SuperWeights(Analysis[SuperWeightsResult]):
     """One super-weight candidate per layer from the down-projection spikes at one position (see module docstring)."""
 
     name: ClassVar[str] = "super_weights"
-    result_type = SuperWeightsResult
     order = 78
     trained_order = 25
     # Candidates in the table.
@@ -267,7 +266,7 @@ def super_weights(
     if ModelAdapter(model).info.attn_only:
         raise LensBiasError("super_weights reads MLP down-projections; this model is attention-only")
     analysis = SuperWeights(top=top, position=position)
-    return measure(model, tokens, [analysis], interventions=interventions, batch_size=batch_size, progress=progress)["super_weights"]  # type: ignore[return-value]
+    return measure(model, tokens, [analysis], interventions=interventions, batch_size=batch_size, progress=progress).of(SuperWeights)
 
 
 def super_weight_table(

@@ -142,11 +142,10 @@ class TokenPreferenceResult(Result):
 
 
 @dataclass(frozen=True)
-class TokenPreference(Analysis):
+class TokenPreference(Analysis[TokenPreferenceResult]):
     """Measure p̄ over the inputs from the readout at the last position: the state the model unembeds."""
 
     name: ClassVar[str] = "token_preference"
-    result_type = TokenPreferenceResult
     order = 10
     trained_order = 60
     top_k: int = 20  # rows of the favourites table

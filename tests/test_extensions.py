@@ -194,7 +194,7 @@ def test_each_registry_refuses_a_taken_name():
         type("MaskToSelf", (Intervention,), {})
     with pytest.raises(LensBiasError, match="an architecture named 'llama' is already registered"):
         type("MyLlama", (Architecture,), {"name": "llama"})
-    with pytest.raises(LensBiasError, match="sets no result_type"):
+    with pytest.raises(LensBiasError, match=r"names no result type; subclass Analysis\[YourResult\]"):
         type("Untyped", (Analysis,), {"name": "untyped"})
     assert before == (dict(SECTIONS), dict(seedprint.NULLS), dict(EXPERIMENTS), dict(INTERVENTIONS), dict(ARCHITECTURES))
 

@@ -49,7 +49,7 @@ from lens_bias.models import ModelSpec, random_init
 from lens_bias.models.checkpoints import load_checkpoint
 from lens_bias.seedprint.lineage import ALPHA, STRONG
 from lens_bias.training.data import TokenData
-from lens_bias.training.trainer import train
+from lens_bias.training.trainer import TrainSettings, train
 
 __all__ = ["PersistenceConfig", "PersistenceResult", "PRESETS", "run_persistence"]
 
@@ -194,41 +194,7 @@ def run_persistence(
     memory.check_held("the persistence fingerprints", models, len(kinds) * cfg.n_inputs * spec.d_model * 4, "8 + n_null_trained (+ n_null with embedding inputs)", "n_inputs or model.d_model")
     on_prose = TokenData.build(prose(), vocab_size=spec.d_vocab, seq_len=cfg.seq_len, progress=progress)
     on_code = TokenData.build(code(), seq_len=cfg.seq_len, tokenizer_from=on_prose, progress=progress)
-    # each run's own bar under the runs' bar: a long run shows its steps and ETA
-    pretrain = dict(steps=cfg.pretrain_steps, batch_size=cfg.batch_size, lr=cfg.pretrain_lr, weight_decay=cfg.weight_decay, data_seed=DATA_SEED, progress=progress)
-    prints: dict[str, dict[str, seedprint.Fingerprint]] = {}
-
-    def fingerprint(model: Any, kind: str) -> seedprint.Fingerprint:
-        return seedprint.fingerprint(model, inputs=kind, n=cfg.n_inputs, seq_len=cfg.input_len, progress=False)
-
-    def fingerprints(model: Any) -> dict[str, seedprint.Fingerprint]:
-        return {kind: fingerprint(model, kind) for kind in kinds}
-
-    training = []
-    trained = {}
-    checkpoints: list[Path] = []
-    work = Path(tempfile.mkdtemp(prefix="lens_bias_persistence_"))  # the seed-42 checkpoints, read back below
-    null_seeds = [s for s in range(1, cfg.n_null_trained + len(SEEDS) + 1) if s not in SEEDS][: cfg.n_null_trained]
-    for seed in tqdm([*SEEDS, *null_seeds], desc="pretraining", disable=not progress):
-        model = random_init(replace(spec, seed=seed))
-        if seed in SEEDS:
-            prints[f"init {seed}"] = fingerprints(model)
-        if seed == 42:  # the lineage curve uses token inputs whatever the tables use
-            curve_base = prints["init 42"]["tokens"] if "tokens" in kinds else fingerprint(model, "tokens")
-        extra = dict(checkpoint_every=cfg.checkpoint_every, checkpoint_dir=work / "seed42") if seed == 42 else {}
-        run = train(model, on_prose, **pretrain, **extra)
-        checkpoints = run.checkpoints if seed == 42 else checkpoints
-        training.append(_training_row(f"pretrain {seed} on prose" + ("" if seed in SEEDS else " (null)"), run, on_prose))
-        prints[f"trained {seed}"] = fingerprints(model)
-        if seed in (1000, 123):
-            trained[seed] = model
-    for seed in tqdm((1000, 123), desc="continuing on code", disable=not progress):
-        model = copy.deepcopy(trained[seed])
-        model.lens_bias_spec = trained[seed].lens_bias_spec
-        run = train(model, on_code, steps=cfg.continue_steps, batch_size=cfg.batch_size, lr=cfg.continue_lr, weight_decay=cfg.weight_decay, data_seed=DATA_SEED, progress=progress)
-        training.append(_training_row(f"continue {seed} on code", run, on_code))
-        prints[f"code-continued {seed}"] = fingerprints(model)
-
+    prints, training, checkpoints, curve_base, null_seeds, work = _trained_prints(cfg, kinds, on_prose, on_code, progress)
     nulls = {}
     if "embeddings" in kinds:
         nulls["embeddings"] = seedprint.seed_null_fingerprints(prints["init 42"]["embeddings"], n_null=cfg.n_null, avoid=list(SEEDS), progress=progress)
@@ -246,19 +212,60 @@ def run_persistence(
             res = seedprint.lineage_test(prints[base][kind], prints[target][kind], m=cfg.m, null=null)
             if table == 2 and isinstance(null, seedprint.AnalyticNull):
                 expected = f"related, p < {STRONG:g}"  # a null fitted to a few models is not trusted that far into its tail
-            rows.append(
-                {
-                    "table": table, "base": base, "target": target, "inputs": kind, "null": null.label, "tau_bar": res.tau_bar,
-                    "k": res.k, "p": res.p, "log10_p": res.log10_p, "same_lineage": res.same_lineage, "expected": expected,
-                    "ok": _as_expected(res.p, expected),
-                }
-            )
+            rows.append({
+                "table": table, "base": base, "target": target, "inputs": kind, "null": null.label, "tau_bar": res.tau_bar,
+                "k": res.k, "p": res.p, "log10_p": res.log10_p, "same_lineage": res.same_lineage, "expected": expected,
+                "ok": _as_expected(res.p, expected),
+            })
     curve = []
     for path in checkpoints:  # init vs its own checkpoint: one side untrained, so the analytic null holds
-        res = seedprint.lineage_test(curve_base, fingerprint(load_checkpoint(path), "tokens"), m=cfg.m)
+        res = seedprint.lineage_test(curve_base, _fingerprint(cfg, load_checkpoint(path), "tokens"), m=cfg.m)
         curve.append({"step": int(path.stem.removeprefix("step")), "log10_p": res.log10_p, "tau_bar": res.tau_bar, "same_lineage": res.same_lineage})
     shutil.rmtree(work, ignore_errors=True)
     return PersistenceResult(pd.DataFrame(rows), pd.DataFrame(curve), pd.DataFrame(training))
+
+
+def _fingerprint(cfg: PersistenceConfig, model: Any, kind: str) -> seedprint.Fingerprint:
+    return seedprint.fingerprint(model, inputs=kind, n=cfg.n_inputs, seq_len=cfg.input_len, progress=False)
+
+
+def _trained_prints(
+    cfg: PersistenceConfig, kinds: list[str], on_prose: TokenData, on_code: TokenData, progress: bool
+) -> tuple[dict[str, dict[str, seedprint.Fingerprint]], list[dict[str, Any]], list[Path], seedprint.Fingerprint, list[int], Path]:
+    """Pretrain every seed on prose (the null's extra seeds too) and continue two of them on code, fingerprinting each
+    model at init and after each stage: the fingerprints by model and input kind, the training rows, the seed-42
+    checkpoints (in a temporary folder, also returned) with the init fingerprint their curve starts from, and the
+    null's seeds."""
+    # each run's own bar under the runs' bar: a long run shows its steps and ETA
+    pretrain = TrainSettings(steps=cfg.pretrain_steps, batch_size=cfg.batch_size, lr=cfg.pretrain_lr, weight_decay=cfg.weight_decay, data_seed=DATA_SEED)
+    prints: dict[str, dict[str, seedprint.Fingerprint]] = {}
+
+    def fingerprints(model: Any) -> dict[str, seedprint.Fingerprint]:
+        return {kind: _fingerprint(cfg, model, kind) for kind in kinds}
+
+    training, trained, checkpoints = [], {}, []
+    work = Path(tempfile.mkdtemp(prefix="lens_bias_persistence_"))  # the seed-42 checkpoints, read back by the curve
+    null_seeds = [s for s in range(1, cfg.n_null_trained + len(SEEDS) + 1) if s not in SEEDS][: cfg.n_null_trained]
+    for seed in tqdm([*SEEDS, *null_seeds], desc="pretraining", disable=not progress):
+        model = random_init(replace(cfg.model, seed=seed))
+        if seed in SEEDS:
+            prints[f"init {seed}"] = fingerprints(model)
+        if seed == 42:  # the lineage curve uses token inputs whatever the tables use
+            curve_base = prints["init 42"]["tokens"] if "tokens" in kinds else _fingerprint(cfg, model, "tokens")
+        saved = dict(checkpoint_every=cfg.checkpoint_every, checkpoint_dir=work / "seed42") if seed == 42 else {}
+        run = train(model, on_prose, pretrain, progress=progress, **saved)
+        checkpoints = run.checkpoints if seed == 42 else checkpoints
+        training.append(_training_row(f"pretrain {seed} on prose" + ("" if seed in SEEDS else " (null)"), run, on_prose))
+        prints[f"trained {seed}"] = fingerprints(model)
+        if seed in (1000, 123):
+            trained[seed] = model
+    for seed in tqdm((1000, 123), desc="continuing on code", disable=not progress):
+        model = copy.deepcopy(trained[seed])
+        model.lens_bias_spec = trained[seed].lens_bias_spec
+        run = train(model, on_code, replace(pretrain, steps=cfg.continue_steps, lr=cfg.continue_lr), progress=progress)
+        training.append(_training_row(f"continue {seed} on code", run, on_code))
+        prints[f"code-continued {seed}"] = fingerprints(model)
+    return prints, training, checkpoints, curve_base, null_seeds, work
 
 
 def _as_expected(p: float, expected: str) -> bool:

@@ -116,7 +116,7 @@ def sink_table(
     for kind in kinds:
         for with_bos_token in bos:
             tokens = sink_inputs(model, kind, n, seq_len, bos=with_bos_token, seed=seed)
-            results[(kind, with_bos_token)] = measure(model, tokens, [Sinks(eps=eps)])["sinks"]
+            results[(kind, with_bos_token)] = measure(model, tokens, [Sinks(eps=eps)]).of(Sinks)
     return SinkTable(results, eps)  # type: ignore[arg-type]
 
 

@@ -176,7 +176,7 @@ def init_variance_table(cfg: SinkConfig, seeds: Sequence[int] = (0, 1), *, progr
     ]
     rows = []
     for name, seed, std, ivs in tqdm(conditions, desc="init variance", disable=not progress):
-        res: PositionalVarianceResult = measure(random_init(replace(spec, seed=seed, init_std=std)), tokens, [PositionalVariance()], interventions=ivs)["positional_variance"]  # type: ignore[assignment]
+        res: PositionalVarianceResult = measure(random_init(replace(spec, seed=seed, init_std=std)), tokens, [PositionalVariance()], interventions=ivs).of(PositionalVariance)
         r, t = res.r_out[0], res.r_out.shape[1]
         rows.append({
             "condition": name, "alpha_layer0": res.alpha_out()[0].item(), "alpha_heads_z": res.alpha_z()[0].mean().item(),
@@ -232,7 +232,7 @@ def intervention_table(model: Any, tokens: Tensor, position: int, factor: float,
         if not ivs and baseline is not None:
             res = baseline
         else:
-            res = measure(model, tokens, [Sinks(eps=eps, per_sequence=True)], interventions=ivs)["sinks"]  # type: ignore[assignment]
+            res = measure(model, tokens, [Sinks(eps=eps, per_sequence=True)], interventions=ivs).of(Sinks)
         alpha_k = res.alpha[..., position].mean(dim=(1, 2))  # [n]: mean over layers and heads
         per_sequence[name] = alpha_k
         diff = alpha_k - per_sequence["baseline"]
@@ -324,44 +324,19 @@ def run_sink_experiment(
     tokens = eval_tokens(data, cfg.n_eval)
     init_model = random_init(cfg.model, device=device)
     # α of every sequence: the paired share difference, the paired intervention table, rates at ε 0.1
-    init_sinks = measure(init_model, tokens, [Sinks(eps=cfg.eps, per_sequence=True)])["sinks"]
+    init_sinks = measure(init_model, tokens, [Sinks(eps=cfg.eps, per_sequence=True)]).of(Sinks)
     trained_results = measure(model, tokens, [Sinks(eps=cfg.eps, per_sequence=True), SuperNeurons(position=0)])
-    by_layer = sinks_by_layer(init_sinks, trained_results["sinks"], cfg.eps)  # type: ignore[arg-type]
+    trained_sinks, neurons = trained_results.of(Sinks), trained_results.of(SuperNeurons)
+    by_layer = sinks_by_layer(init_sinks, trained_sinks, cfg.eps)
     # α_0 per sequence (mean over layers and heads), paired over the same held-out sequences
-    share_diff = trained_results["sinks"].alpha[..., 0].mean(dim=(1, 2)) - init_sinks.alpha[..., 0].mean(dim=(1, 2))  # type: ignore[attr-defined]
-    moved = intervention_table(model, tokens, cfg.position, cfg.factor, cfg.eps, baseline=trained_results["sinks"])  # type: ignore[arg-type]
-    units = trained_results["super_neurons"].units(top=3)  # type: ignore[attr-defined]
-
-    rms_rows, curves = [], []
-    if cfg.train_rmsnorm:
-        if baseline_run is None:  # the shipped checkpoint has no curve to compare with: train the baseline here
-            base_model, baseline_run, seconds = train_sink_model(cfg, data, progress=progress, device=device)
-            training_rows.append(_training_row("baseline", baseline_run, data, seconds))
-        else:
-            base_model = model
-        rms_model = random_init(cfg.model, device=device)
-        norm = HeadwiseRMSNorm(gain=True).bind(rms_model)
-        rms_model, rms_run, seconds = train_sink_model(cfg, data, interventions=[norm], progress=progress, device=device, model=rms_model)
-        training_rows.append(_training_row("HeadwiseRMSNorm", rms_run, data, seconds))
-        for name, m, ivs, run in (("baseline", base_model, [], baseline_run), ("HeadwiseRMSNorm", rms_model, [norm], rms_run)):
-            sinks = trained_results["sinks"] if m is model else measure(m, tokens, [Sinks(eps=cfg.eps, per_sequence=True)], interventions=ivs)["sinks"]
-            # positional spread across *random* sequences: on text every sequence starts with the same BOS
-            variance = measure(m, RandomTokens(cfg.init_sequences, cfg.seq_len, cfg.vocab, seed=7), [PositionalVariance()], interventions=ivs)["positional_variance"]
-            rms_rows.append({
-                "model": name, "eval_loss": run.final_eval_loss, f"sink0@{cfg.eps:g}": sinks.rate(cfg.eps)[0].item(),  # type: ignore[attr-defined]
-                "sink0@0.1": sinks.rate(0.1)[0].item(), "share0": sinks.share(0).mean().item(),  # type: ignore[attr-defined]
-                "norm_ratio0_max": sinks.norm_ratio.max().item(),  # type: ignore[attr-defined]
-                "alpha_out_mean": variance.alpha_out().mean().item(), "r_last_mean": variance.r_out[:, -1].mean().item(),  # type: ignore[attr-defined]
-            })
-            curves += [{"model": name, "step": int(r.step), "eval_loss": float(r.eval_loss)} for r in run.evals.itertuples()]
-        if out is not None:
-            Path(out).mkdir(parents=True, exist_ok=True)
-            save_checkpoint(rms_model, Path(out) / "rmsnorm_model.pt", sink_config=json.dumps(cfg.to_dict()), interventions=json.dumps([norm.to_dict()]))
+    share_diff = trained_sinks.alpha[..., 0].mean(dim=(1, 2)) - init_sinks.alpha[..., 0].mean(dim=(1, 2))
+    moved = intervention_table(model, tokens, cfg.position, cfg.factor, cfg.eps, baseline=trained_sinks)
+    rms_rows, curves = _rmsnorm_parity(cfg, data, tokens, model, baseline_run, trained_sinks, training_rows, out, device, progress) if cfg.train_rmsnorm else ([], [])
     result = SinkExperimentResult(
-        config=cfg, init_variance=init_table, sinks_by_layer=by_layer, interventions=moved, super_neurons=units,
+        config=cfg, init_variance=init_table, sinks_by_layer=by_layer, interventions=moved, super_neurons=neurons.units(top=3),
         rmsnorm=pd.DataFrame(rms_rows), loss_curves=pd.DataFrame(curves), training=pd.DataFrame(training_rows),
         extras={
-            "trained_super_neurons": trained_results["super_neurons"].headline(), "trained_sinks": trained_results["sinks"].headline(),  # type: ignore[attr-defined]
+            "trained_super_neurons": neurons.headline(), "trained_sinks": trained_sinks.headline(),
             "share0_diff": share_diff.mean().item(), "share0_diff_in_se": (share_diff.mean() / (share_diff.std() / len(share_diff) ** 0.5)).item(),
         },
     )
@@ -370,6 +345,45 @@ def run_sink_experiment(
         if trained is None:
             save_checkpoint(model, Path(out) / "sink_model.pt", sink_config=json.dumps(cfg.to_dict()))
     return result
+
+
+def _rmsnorm_parity(
+    cfg: SinkConfig, data: TokenData, tokens: Tensor, model: Any, baseline_run: TrainingRun | None, trained_sinks: SinksResult,
+    training_rows: list[dict[str, Any]], out: Union[str, Path, None], device: Union[str, torch.device, None], progress: bool,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Experiment 4: train a model with head-wise RMSNorm beside the baseline (trained here when ``baseline_run`` is
+    None); each one's row (:func:`_parity_row`) and loss curve. Adds the runs to ``training_rows``."""
+    rms_rows: list[dict[str, Any]] = []
+    curves: list[dict[str, Any]] = []
+    if baseline_run is None:  # the shipped checkpoint has no curve to compare with: train the baseline here
+        base_model, baseline_run, seconds = train_sink_model(cfg, data, progress=progress, device=device)
+        training_rows.append(_training_row("baseline", baseline_run, data, seconds))
+    else:
+        base_model = model
+    rms_model = random_init(cfg.model, device=device)
+    norm = HeadwiseRMSNorm(gain=True).bind(rms_model)
+    rms_model, rms_run, seconds = train_sink_model(cfg, data, interventions=[norm], progress=progress, device=device, model=rms_model)
+    training_rows.append(_training_row("HeadwiseRMSNorm", rms_run, data, seconds))
+    for name, m, ivs, run in (("baseline", base_model, [], baseline_run), ("HeadwiseRMSNorm", rms_model, [norm], rms_run)):
+        sinks = trained_sinks if m is model else measure(m, tokens, [Sinks(eps=cfg.eps, per_sequence=True)], interventions=ivs).of(Sinks)
+        rms_rows.append({"model": name, "eval_loss": run.final_eval_loss, **_parity_row(cfg, m, sinks, ivs)})
+        curves += [{"model": name, "step": int(r.step), "eval_loss": float(r.eval_loss)} for r in run.evals.itertuples()]
+    if out is not None:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        save_checkpoint(rms_model, Path(out) / "rmsnorm_model.pt", sink_config=json.dumps(cfg.to_dict()), interventions=json.dumps([norm.to_dict()]))
+    return rms_rows, curves
+
+
+def _parity_row(cfg: SinkConfig, model: Any, sinks: SinksResult, interventions: list[Intervention]) -> dict[str, float]:
+    """Experiment 4's numbers of one model: its sink on text, and its positional spread across *random* sequences
+    (on text every sequence starts with the same BOS)."""
+    variance = measure(model, RandomTokens(cfg.init_sequences, cfg.seq_len, cfg.vocab, seed=7), [PositionalVariance()], interventions=interventions)
+    spread = variance.of(PositionalVariance)
+    return {
+        f"sink0@{cfg.eps:g}": sinks.rate(cfg.eps)[0].item(), "sink0@0.1": sinks.rate(0.1)[0].item(), "share0": sinks.share(0).mean().item(),
+        "norm_ratio0_max": sinks.norm_ratio.max().item(), "alpha_out_mean": spread.alpha_out().mean().item(),
+        "r_last_mean": spread.r_out[:, -1].mean().item(),
+    }
 
 
 def checks(result: SinkExperimentResult) -> dict[str, bool]:

@@ -11,14 +11,18 @@ edits one link at a time, and its verdicts join the anatomy when the report hold
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import pandas as pd
 import torch
 
-from lens_bias.analyses.base import Result
+from lens_bias.analyses.base import Result, Results
+from lens_bias.analyses.massive import MassiveActivations, MassiveActivationsResult
+from lens_bias.analyses.sink_attribution import SinkAttributionResult
 from lens_bias.analyses.sink_conditions import LEARNED_LINK
-from lens_bias.analyses.super_weights import SPIKE
+from lens_bias.analyses.sinks import Sinks
+from lens_bias.analyses.super_neurons import SuperNeurons
+from lens_bias.analyses.super_weights import SPIKE, SuperWeights
 from lens_bias.core.attention_layout import describe_windows
 from lens_bias.core.figures import new_figure
 
@@ -220,54 +224,58 @@ def _ranges(layers: list[int]) -> str:
     return ", ".join(out)
 
 
-def anatomy_of(sections: Mapping[str, Result]) -> SinkAnatomy | None:
+def anatomy_of(sections: Results) -> SinkAnatomy | None:
     """The anatomy from a report's sections (``sinks`` and ``super_neurons`` at least, or ``sinks`` and
     ``massive_activations`` on a mixture of experts; ``massive_activations``, ``super_weights`` and
     ``sink_attribution`` where computed), or None when they are not there."""
-    sinks, neurons = sections.get("sinks"), sections.get("super_neurons")
-    massive, weights, attribution = sections.get("massive_activations"), sections.get("super_weights"), sections.get("sink_attribution")
+    sinks, neurons = sections.find(Sinks), sections.find(SuperNeurons)
+    massive, weights = sections.find(MassiveActivations), sections.find(SuperWeights)
+    attribution = sections.get("sink_attribution")
+    if not isinstance(attribution, SinkAttributionResult):  # an extra section, with a pass of its own: not an Analysis
+        attribution = None
     if sinks is None or (neurons is None and (massive is None or "super_experts" not in sections)):
         return None
-    per_layer = sinks.rate_by_head(0).mean(dim=1)  # type: ignore[attr-defined]
-    common = dict(
-        sink_rate=sinks.rate()[0].item(), sink_layers=[i for i, r in enumerate(per_layer.tolist()) if r >= SINK_LAYER_RATE],  # type: ignore[attr-defined]
-        first_token_share=sinks.share(0).mean().item(), eps=sinks.eps,  # type: ignore[attr-defined]
-        learned_sink_share=sinks.learned_share().mean().item() if sinks.declares_sink else None,  # type: ignore[attr-defined]
-        learned_sink_rate=sinks.learned_rate() if sinks.declares_sink else None,  # type: ignore[attr-defined]
-        first_token_mass=sinks.mass()[..., 0].mean().item(), windows=list(sinks.layer_windows),  # type: ignore[attr-defined]
-        chain=attribution.chain().to_dict(orient="records") if attribution is not None else [],  # type: ignore[attr-defined]
+    per_layer = sinks.rate_by_head(0).mean(dim=1)
+    common: dict[str, Any] = dict(
+        sink_rate=sinks.rate()[0].item(), sink_layers=[i for i, r in enumerate(per_layer.tolist()) if r >= SINK_LAYER_RATE],
+        first_token_share=sinks.share(0).mean().item(), eps=sinks.eps,
+        learned_sink_share=sinks.learned_share().mean().item() if sinks.declares_sink else None,
+        learned_sink_rate=sinks.learned_rate() if sinks.declares_sink else None,
+        first_token_mass=sinks.mass()[..., 0].mean().item(), windows=list(sinks.layer_windows),
+        chain=attribution.chain().to_dict(orient="records") if attribution is not None else [],
     )
-    onset = massive.onset_layer() if massive is not None else None  # type: ignore[attr-defined]
+    onset = massive.onset_layer() if massive is not None else None
     if neurons is None:
+        assert massive is not None  # checked above: a mixture of experts' anatomy reads its massive activations
         return _per_expert_anatomy(massive, onset, common)
-    dims = (massive.dims(onset, positions=(0,)) if onset is not None else []) or [neurons.massive_dim]  # type: ignore[attr-defined]
-    value_by_layer = neurons.resid_at[:, dims[0]]  # type: ignore[attr-defined]
+    dims = (massive.dims(onset, positions=(0,)) if onset is not None else []) or [neurons.massive_dim]
+    value_by_layer = neurons.resid_at[:, dims[0]]
     peak = int(value_by_layer.argmax())
-    ratio_by_layer = value_by_layer / neurons.massive_median  # type: ignore[attr-defined]
+    ratio_by_layer = value_by_layer / neurons.massive_median
     rise = None
     if onset is not None and onset > 0 and ratio_by_layer[:onset].max() >= EARLY_RATIO:
         rise = int((value_by_layer[:onset] >= value_by_layer[:onset].max() / 2).nonzero()[0])
-    top_layer, top_unit = neurons.ranked_units(1)[0]  # type: ignore[attr-defined]
+    top_layer, top_unit = neurons.ranked_units(1)[0]
     h = neurons.headline()
     candidates, largest_spike = [], float("nan")
     if weights is not None:
-        spikes = torch.minimum(weights.input_max, weights.output_max)  # type: ignore[attr-defined]
+        spikes = torch.minimum(weights.input_max, weights.output_max)
         largest_spike = spikes.max().item()
-        for layer, row, col in weights.coordinates():  # type: ignore[attr-defined]
+        for layer, row, col in weights.coordinates():
             if spikes[layer] > SPIKE:  # Yu et al.'s rule: only a spiking layer has a super weight
-                candidates.append({"layer": layer, "row": row, "col": col, "weight": weights.weight[layer].item(), "share": weights.share[layer].item()})  # type: ignore[attr-defined]
+                candidates.append({"layer": layer, "row": row, "col": col, "weight": weights.weight[layer].item(), "share": weights.share[layer].item()})
     return SinkAnatomy(
-        massive_dims=[int(d) for d in dims], massive_value=value_by_layer[peak].item(), massive_median=neurons.massive_median[peak].item(),  # type: ignore[attr-defined]
+        massive_dims=[int(d) for d in dims], massive_value=value_by_layer[peak].item(), massive_median=neurons.massive_median[peak].item(),
         onset_layer=onset, super_weights=candidates, largest_spike=largest_spike,
         super_neuron={"layer": top_layer, "unit": top_unit, "writes": h["top_unit_writes"], "share": h["top_unit_share"], "act": h["top_unit_act"]}
         if onset is not None else {},
         disparity=h["dominance_at_max"], disparity_layer=h["dominance_at_argmax"], disparity_elsewhere=h["dominance_elsewhere_max"],
         rise_layer=rise, rise_value=value_by_layer[rise].item() if rise is not None else None,
-        rise_ratio=ratio_by_layer[rise].item() if rise is not None else None, **common,  # type: ignore[arg-type]
+        rise_ratio=ratio_by_layer[rise].item() if rise is not None else None, **common,
     )
 
 
-def _per_expert_anatomy(massive: Any, onset: int | None, common: dict[str, Any]) -> SinkAnatomy:
+def _per_expert_anatomy(massive: MassiveActivationsResult, onset: int | None, common: dict[str, Any]) -> SinkAnatomy:
     """A mixture of experts' anatomy from the block outputs alone: the largest |h| at position 0 and where it sits
     (its super weights and neurons are per expert, in the super_experts section)."""
     peak, largest, value = massive.largest_at_first()

@@ -51,12 +51,13 @@ def test_tensors_and_frames_survive_json_exactly():
         "scalar": torch.tensor(2.5),
         "frame": pd.DataFrame({"layer": ["embed", "0"], "inter": [0.1 + 0.2, 1e-9]}),
         "plain": [1, "a", None, {"x": 2.0}],
+        "dtype": torch.bfloat16,  # a settings object's
     }
     back = from_jsonable(json.loads(json.dumps(to_jsonable(value))))
     assert_same(value, back)
     with pytest.raises(LensBiasError, match="cannot write a set"):
         to_jsonable({1, 2})
-    with pytest.raises(LensBiasError, match="unknown tensor dtype 'nope'"):
+    with pytest.raises(LensBiasError, match="unknown dtype 'nope'"):
         from_jsonable({"__tensor__": "nope", "shape": [1], "data": [0]})
 
 
