@@ -11,7 +11,7 @@ forward pass through the model with its interventions attached.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence, Union
+from typing import Any, ClassVar, Mapping, Sequence, Union
 
 import pandas as pd
 from tqdm.auto import tqdm
@@ -51,6 +51,10 @@ CONDITIONS: dict[str, tuple[Intervention, ...]] = {
 @dataclass
 class AblationResult(Result):
     """Per condition and layer: inter/intra cosine; per condition: max/min p̄ and H(p̄)/log V."""
+    column_words: ClassVar[Mapping[str, str]] = {
+        "inter": "cos between sequences (inter)", "intra": "cos within a sequence (intra)", "max_min_ratio": "max / min p̄ (×)",
+        "entropy_ratio": "H(p̄) / log V",
+    }
 
     table: pd.DataFrame  # tidy: condition, layer, hook, inter, intra, max_min_ratio, entropy_ratio
     conditions: dict[str, list[dict[str, Any]]]  # condition -> its interventions, as Intervention.to_dict()

@@ -11,6 +11,7 @@ and :meth:`Result.show`.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Hashable, Mapping, Sequence, TypeVar, cast, get_args, get_origin
 
@@ -46,7 +47,10 @@ class Result(Serialisable):
     trained_headline: ClassVar[tuple[str, ...] | None] = None
     init_headline: ClassVar[tuple[str, ...] | None] = None
     key_column: ClassVar[str] = ""
-    column_words: ClassVar[Mapping[str, str]] = {}  # this table's columns in words, where the page's glossary says otherwise
+    # This table's columns in words with their units, for the page (to_pandas keeps the short names for code); a key
+    # may be a regular expression of numbered columns (r"sink_(\d+)": r"Sink_\1 (%)"). Columns that name a row
+    # (layer, head, condition, ...) read as they are.
+    column_words: ClassVar[Mapping[str, str]] = {}
     plot_caption: ClassVar[str] = ""
     view_caption: ClassVar[str] = ""
 
@@ -85,6 +89,16 @@ class Result(Serialisable):
     @property
     def has_view(self) -> bool:
         return type(self).show is not Result.show
+
+    @classmethod
+    def column_in_words(cls, column: str) -> str | None:
+        """``column`` in words with its unit (:attr:`column_words`), or None where this result names none."""
+        if column in cls.column_words:
+            return cls.column_words[column]
+        for pattern, words in cls.column_words.items():
+            if re.fullmatch(pattern, column):
+                return re.sub(pattern, words, column)
+        return None
 
     def __str__(self) -> str:
         return self.summary()

@@ -72,6 +72,10 @@ def _last_probes(hook: str) -> dict[str, Probe]:
 @dataclass
 class ContractionResult(Result):
     """Per-layer inter/intra-sequence cosine and the build-up of the seed direction."""
+    column_words: ClassVar[Mapping[str, str]] = {
+        "inter": "cos between sequences (inter)", "intra": "cos within a sequence (intra)", "energy_share": "energy along the seed direction",
+        "cos_to_seed": "cos to the seed direction",
+    }
 
     heading = "Contraction"
     trained_headline = ()  # the contraction toward one seed direction is what an init is born with

@@ -70,6 +70,11 @@ def _first_batch_probe(hook: str, positions: str) -> Probe:
 @dataclass
 class DecompositionResult(Result):
     """Shared vs fluctuating energy of each residual component and its alignment with the seed direction."""
+    column_words: ClassVar[Mapping[str, str]] = {
+        "shared_energy": "shared energy", "fluctuating_energy": "fluctuating energy", "shared_fraction": "shared share of the energy",
+        "seed_projection": "along the seed direction", "cos_to_seed": "cos to the seed direction",
+        "cumulative_cos_to_seed": "cumulative cos to the seed", "cumulative_shared_norm": "cumulative shared norm",
+    }
 
     heading = "Residual decomposition"
 

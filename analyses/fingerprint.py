@@ -27,6 +27,7 @@ __all__ = ["FingerprintSection", "FingerprintSummary"]
 @dataclass
 class FingerprintSummary(Result):
     """Identity dimensions, their means, and the spread of the softmaxed identity values."""
+    column_words: ClassVar[Mapping[str, str]] = {"mean": "mean final state", "softmax_mean": "softmax mean (T 10)", "softmax_std": "softmax spread"}
 
     heading = "SeedPrint fingerprint"
 

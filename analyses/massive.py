@@ -60,6 +60,9 @@ def _top_probe(hook: str, top: int) -> Probe:
 @dataclass
 class MassiveActivationsResult(Result):
     """Per layer and sequence: the top-k |h| of the block output with where they are, and the median |h|."""
+    column_words: ClassVar[Mapping[str, str]] = {
+        "value": "|h| (mean over sequences)", "median": "median |h| of the block", "massive": "massive (> 100 and ≥ 1000× median)",
+    }
 
     top_values: Float[Tensor, "layer n top"]  # |h|, descending within each sequence
     top_positions: Int[Tensor, "layer n top"]

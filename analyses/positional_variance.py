@@ -80,6 +80,10 @@ def fit_exponent(std: Float[Tensor, "... pos"], max_position: int | None = None)
 @dataclass
 class PositionalVarianceResult(Result):
     """Per-position std across sequences of each head's output (before W_O) and each layer's (after W_O)."""
+    column_words: ClassVar[Mapping[str, str]] = {
+        "std_out": "std across sequences", "r_out": "r_t = std_t / std_0", "r_out_sqrt_t": "r_t · √(t+1)",
+        r"r_z_head(\d+)": r"r_t of head \1 before W_O",
+    }
 
     heading = "Positional variance"
     trained_headline = ("r_last_median",)  # the fitted α tests the init law

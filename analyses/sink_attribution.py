@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence, Union
+from typing import Any, ClassVar, Mapping, Sequence, Union
 
 import pandas as pd
 import torch
@@ -80,8 +80,13 @@ class SinkAttributionResult(Result):
     key_mass: Float[Tensor, "condition key"] | None = None
 
     heading = "What removes the sink"
-    column_words = {"massive": "massive dims max |h_0| (over layers)", "learned_sink": "learned-sink share α_learned",
-                    "freed_attention": "where the learned sink's attention went"}
+    column_words: ClassVar[Mapping[str, str]] = {
+        "link": "link of the chain", "verdict": "verdict", "edit": "what was done", "alpha_0": "first-token share α_0",
+        "massive": "massive dims max |h_0| (over layers)", "learned_sink": "learned-sink share α_learned",
+        "freed_attention": "where the learned sink's attention went", "disparity": "disparity max/mean |x_0| (max over layers)",
+        "perplexity": "perplexity", "ppl_ratio": "perplexity (× unedited)", "diff_in_se": "change in Sink_0 (SE)",
+        r"sink_(\d+)_diff_in_se": r"change in Sink_\1 (SE)", r"sink_(\d+)": r"Sink_\1 (%)",
+    }
     headline_labels = {"cheapest_removal": "cheapest condition that removes the sink", "cheapest_removal_ppl_ratio": "its perplexity (× unedited)",
                        "necessary_links": "links whose edit removes or weakens the sink"}
     plot_caption = "Sink_0 (%) per condition and layer"

@@ -15,7 +15,7 @@ The heads are the ones with the highest Sink_0 rate in a report's ``sinks`` sect
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 import pandas as pd
 import torch
@@ -37,6 +37,7 @@ N_HEADS = 4  # the strongest sink heads shown
 @dataclass
 class SinkHeadsResult(Result):
     """Attention patterns of chosen heads on one window, unedited and under each condition given."""
+    column_words: ClassVar[Mapping[str, str]] = {"alpha_0": "first-token share α_0"}
 
     heads: list[tuple[int, int]]  # (layer, head), strongest sink first
     head_names: list[str]

@@ -175,8 +175,11 @@ class SinksResult(Result):
     key_column = "sink_rate_0"
     headline_labels = {"sink_rate_0": "Sink_0 (%)", "first_token_share": "first-token share α_0", "norm_ratio_0_max": "max ‖h_0‖ / median ‖h_t‖",
                        "learned_sink_share": "learned-sink share of every row's attention", "learned_sink_rate": "learned sink rate (%)"}
-    column_words = {"window": "sliding window (tokens)", "learned_sink_rate": "learned sink rate (%)",
-                    "learned_sink_share": "learned-sink share α_learned"}
+    column_words: ClassVar[Mapping[str, str]] = {
+        "first_token_share": "first-token share α_0", "window": "sliding window (tokens)", "learned_sink_rate": "learned sink rate (%)",
+        "learned_sink_share": "learned-sink share α_learned", r"sink_rate_(\d+)": r"Sink_\1 (% of sequences, α > ε)",
+        r"norm_ratio_(\d+)": r"‖h_\1‖ / median ‖h_t‖",
+    }
     plot_caption = "first-token sink per layer and head"
 
     def _above(self, eps: float | None) -> Float[Tensor, "layer head key"]:

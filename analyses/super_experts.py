@@ -51,6 +51,9 @@ def _states_at(position: int) -> Any:
 class SuperExpertsResult(Result):
     """Per (MoE layer, expert), on the sequences routed to it at the position: its down-projection's spikes and the
     weight that joins them. Row i of each tensor is layer ``layers[i]``."""
+    column_words: ClassVar[Mapping[str, str]] = {
+        "input_spike": "input spike max |x|", "output_spike": "output spike max |y|", "row": "row (residual dim)", "col": "col (MLP unit)",
+    }
 
     layers: list[int]  # the blocks with a mixture of experts (DeepSeek-V3's first blocks are dense)
     n_routed: Int[Tensor, "moe_layer expert"]  # sequences whose token at the position went to the expert

@@ -97,6 +97,12 @@ def _max_abs(x: Tensor) -> Tensor:  # [batch, ...] -> []
 @dataclass
 class SuperNeuronsResult(Result):
     """Per layer and MLP unit: what it writes into the massive dimension at one position; the outlier measures."""
+    column_words: ClassVar[Mapping[str, str]] = {
+        "top_unit": "top unit", "top_unit_writes": "top unit's write into the massive dim", "massive_dim_value": "massive dim mean |h_0|",
+        "dominance_at": "disparity max/mean |x_0|", "dominance_elsewhere": "disparity at other positions", "resid_top1": "largest |h|",
+        "resid_median": "median |h|", "resid_max_over_median": "largest / median |h| (×)", "mlp_in_max": "MLP input max |x|",
+        "mlp_out_max": "MLP output max |y|", "massive": "massive (> 100 and ≥ 1000× median)",
+    }
 
     position: int
     massive_dim: int  # j*: the residual dimension with the largest mean |h| at the position over the block outputs

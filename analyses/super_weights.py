@@ -85,6 +85,11 @@ def _w_out(model: Any, layer: int) -> Float[Tensor, "d_mlp d_model"]:
 @dataclass
 class SuperWeightsResult(Result):
     """One candidate weight per layer (output spike dim × input spike unit), and the spikes themselves."""
+    column_words: ClassVar[Mapping[str, str]] = {
+        "weight": "weight", "weight_rank": "rank of |weight| in its matrix", "input_spike": "input spike max |x|",
+        "output_spike": "output spike max |y|", "contribution": "|x · w| at the spike", "share": "share of the output spike",
+        "row": "row (residual dim)", "col": "col (MLP unit)",
+    }
 
     input_max: Float[Tensor, "layer"]  # max |a| over sequences and units at the first token (down_proj input)
     input_unit: Int[Tensor, "layer"]  # the unit k holding it

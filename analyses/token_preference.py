@@ -35,6 +35,10 @@ _LOGIT_CHUNK = 256
 @dataclass
 class TokenPreferenceResult(Result):
     """Mean next-token distribution over random inputs and how lopsided it is."""
+    column_words: ClassVar[Mapping[str, str]] = {
+        "token": "token ID", "token_str": "token", "p_bar": "mean probability p̄", "ratio_to_uniform": "V · p̄ (× uniform)",
+        "mean_logit": "mean logit", "argmax_count": "inputs where it is the argmax",
+    }
 
     heading = "Token preference"
     trained_headline = ()  # over text a trained model prefers what text continues with, not an init's seed direction

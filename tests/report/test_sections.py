@@ -88,3 +88,27 @@ def test_sections_by_attribute():
     assert report.sinks is report.sections["sinks"] and report.contraction is None and report.ablations is None
     with pytest.raises(AttributeError, match="no attribute or section 'sink'.*computed: \\['sinks'\\]"):
         report.sink
+
+
+def test_sections_by_class_are_typed_and_each_result_names_its_own_columns():
+    from lens_bias.analyses.contraction import Contraction
+    from lens_bias.analyses.sinks import Sinks, SinksResult
+    from lens_bias.report.layout import Layout
+    from lens_bias.report.page import ROW_WORDS
+
+    report = lens_bias.analyze(shared_tiny("llama"), n_sequences=8, seq_len=12, ablations=True, attribution=True, regime="trained", progress=False)
+    assert isinstance(report.of(Sinks), SinksResult) and report.of(Sinks) is report.sinks and report.find(Contraction) is report.contraction
+    only = lens_bias.analyze(shared_tiny("llama"), n_sequences=4, seq_len=6, sections=["sinks"], progress=False)
+    assert only.find(Contraction) is None
+    with pytest.raises(KeyError):
+        only.of(Contraction)
+    # every measured column reads in words from its own result: the page keeps no glossary of the sections' columns
+    naming = {"layer", "head", "rank", "position", "dim", "sequence", "condition", "hook", "component", "expert", *ROW_WORDS}
+    for name, result in report.sections.items():
+        unnamed = [c for c in result.to_pandas().columns if c not in naming and result.column_in_words(c) is None and "_" in c]
+        assert not unnamed, (name, unnamed)
+    assert report.of(Sinks).column_in_words("sink_rate_3") == "Sink_3 (% of sequences, α > ε)"
+    assert report.layout == Layout("trained") and report.layout.first == ("sink_attribution", "sink_heads")
+    assert str(report).startswith("lens_bias report of a trained model") and not str(only).startswith("lens_bias report of a trained")
+    with pytest.raises(LensBiasError, match="regime must be one of"):
+        lens_bias.analyze(shared_tiny("llama"), n_sequences=4, seq_len=6, regime="fresh", progress=False)
