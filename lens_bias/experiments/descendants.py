@@ -34,17 +34,8 @@ from lens_bias.core.stats import detection_metrics
 from lens_bias.core.tables import markdown_table
 from lens_bias.experiments.base import Experiment, Outcome
 from lens_bias.models import load_model
-from lens_bias.models.transforms import (
-    low_rank_delta,
-    merge,
-    permute_residual,
-    prune,
-    quantize,
-    random_inits,
-    relative_change,
-    rename_vocabulary,
-    rotate_residual,
-)
+from lens_bias.models.reparametrise import permute_residual, rename_vocabulary, rotate_residual
+from lens_bias.models.transforms import low_rank_delta, merge, prune, quantize, random_inits, relative_change
 from lens_bias.seedprint.lineage import ALPHA, STRONG
 from lens_bias.training.data import TokenData
 from lens_bias.training.trainer import evaluate, fine_tune

@@ -29,10 +29,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from lens_bias.analyses.base import measure
-from lens_bias.analyses.positional_variance import (
-    PositionalVariance,
-    PositionalVarianceResult,
-)
+from lens_bias.analyses.positional_variance import PositionalVariance
 from lens_bias.analyses.sinks import Sinks, SinksResult
 from lens_bias.analyses.super_neurons import SuperNeurons
 from lens_bias.core.corpora import code, prose
@@ -41,14 +38,7 @@ from lens_bias.core.inputs import RandomTokens, check_later_position, with_bos
 from lens_bias.core.serialise import Serialisable
 from lens_bias.core.tables import markdown_table
 from lens_bias.experiments.base import Experiment, Outcome
-from lens_bias.hooks import (
-    AmplifyVariance,
-    HeadwiseRMSNorm,
-    Intervention,
-    MaskToSelf,
-    ScaleNorm,
-    UniformAttention,
-)
+from lens_bias.hooks import AmplifyVariance, HeadwiseRMSNorm, Intervention, MaskToSelf, ScaleNorm, UniformAttention
 from lens_bias.models import ModelSpec, random_init
 from lens_bias.models.checkpoints import load_checkpoint, save_checkpoint
 from lens_bias.training.data import TokenData
@@ -176,7 +166,7 @@ def init_variance_table(cfg: SinkConfig, seeds: Sequence[int] = (0, 1), *, progr
     ]
     rows = []
     for name, seed, std, ivs in tqdm(conditions, desc="init variance", disable=not progress):
-        res: PositionalVarianceResult = measure(random_init(replace(spec, seed=seed, init_std=std)), tokens, [PositionalVariance()], interventions=ivs).of(PositionalVariance)
+        res = measure(random_init(replace(spec, seed=seed, init_std=std)), tokens, [PositionalVariance()], interventions=ivs).of(PositionalVariance)
         r, t = res.r_out[0], res.r_out.shape[1]
         rows.append({
             "condition": name, "alpha_layer0": res.alpha_out()[0].item(), "alpha_heads_z": res.alpha_z()[0].mean().item(),

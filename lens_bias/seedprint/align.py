@@ -1,8 +1,8 @@
 """Aligning a suspect's features to the base's basis before the lineage test: what a reparametrised basis needs.
 
 SeedPrint compares dimension j of one model with dimension j of the other, so a model whose residual basis was
-permuted or rotated (a function-preserving reparametrisation: :func:`lens_bias.models.transforms.permute_residual`,
-:func:`~lens_bias.models.transforms.rotate_residual`, rotation-based quantisation) looks unrelated. An alignment
+permuted or rotated (a function-preserving reparametrisation: :func:`lens_bias.models.reparametrise.permute_residual`,
+:func:`~lens_bias.models.reparametrise.rotate_residual`, rotation-based quantisation) looks unrelated. An alignment
 fits a map from the suspect's features to the base's on one part of the inputs; the lineage test then runs on the
 held-out rest, in the base's basis.
 

@@ -13,7 +13,7 @@ that :func:`~lens_bias.seedprint.pairwise_lineage` finds renamings among many mo
 time (:func:`renamed_ids` compares two sketches as it compares two tables).
 
 >>> import lens_bias
->>> from lens_bias.models.transforms import rename_vocabulary
+>>> from lens_bias.models.reparametrise import rename_vocabulary
 >>> model = lens_bias.random_init("llama", d_model=32, n_layers=1, n_heads=4, d_vocab=50, n_ctx=8)
 >>> renamed = rename_vocabulary(model, seed=1)
 >>> tokens = torch.tensor([[3, 1, 4]])

@@ -33,7 +33,7 @@ from lens_bias.core.settings import overridden
 from lens_bias.hooks import Intervention, intervene
 from lens_bias.models.checkpoints import save_checkpoint
 from lens_bias.models.init import REGIME
-from lens_bias.models.transforms import copy_model
+from lens_bias.models.parameters import copy_model
 from lens_bias.training.data import TokenData
 
 __all__ = ["train", "TrainSettings", "fine_tune", "TrainingRun", "batch_order", "evaluate"]

@@ -17,6 +17,8 @@ from lens_bias.core.corpora import Corpus, code
 from lens_bias.core.inputs import text_tokens
 from lens_bias.core.stats import auc
 from lens_bias.experiments import descendants as D
+from lens_bias.models import reparametrise as R
+from lens_bias.models.parameters import parameters
 from lens_bias.models import transforms as T
 from lens_bias.models.architectures.base import is_bias
 from lens_bias.seedprint.align import ALIGN_MODES
@@ -30,13 +32,13 @@ ARCHS = ("llama", "gpt2")
 
 def _weights(model):
     """Weight matrices by state_dict name, as the transforms see them."""
-    return T._weight_matrices(T._parameters(model), blocks_only=False)
+    return T._weight_matrices(parameters(model), blocks_only=False)
 
 
 def _others(model):
     """Every parameter that is not a weight matrix (norm gains, biases)."""
     weights = _weights(model)
-    return {n: p for n, p in T._parameters(model).items() if n not in weights}
+    return {n: p for n, p in parameters(model).items() if n not in weights}
 
 
 @pytest.fixture(scope="module")
@@ -97,12 +99,12 @@ def test_prune_zeroes_exactly_the_smallest_fraction_of_each_block_matrix(arch):
 def test_merge_is_the_weight_average(arch):
     a, b = tiny(arch, seed=0), tiny(arch, seed=1)
     before_a, before_b = state_copy(a), state_copy(b)
-    pa, pb = T._parameters(a), T._parameters(b)
-    half = T._parameters(T.merge(a, b))
+    pa, pb = parameters(a), parameters(b)
+    half = parameters(T.merge(a, b))
     for name in pa:
         assert torch.equal(half[name], (pa[name] + pb[name]) / 2), name  # halving is exact in floating point
-    assert all(torch.equal(p, pa[n]) for n, p in T._parameters(T.merge(a, b, weight=0.0)).items())
-    assert all(torch.equal(p, pb[n]) for n, p in T._parameters(T.merge(a, b, weight=1.0)).items())
+    assert all(torch.equal(p, pa[n]) for n, p in parameters(T.merge(a, b, weight=0.0)).items())
+    assert all(torch.equal(p, pb[n]) for n, p in parameters(T.merge(a, b, weight=1.0)).items())
     assert_same_state(a, before_a)
     assert_same_state(b, before_b)
     with pytest.raises(LensBiasError, match="same parameter names and shapes"):
@@ -144,12 +146,12 @@ def test_random_inits_redraw_one_copy_per_seed_like_hugging_face(arch):
     drawn, objects = [], set()
     for fresh in T.random_inits(model, [3, 4, 3]):
         objects.add(id(fresh))
-        drawn.append({n: p.detach().clone() for n, p in T._parameters(fresh).items()})
+        drawn.append({n: p.detach().clone() for n, p in parameters(fresh).items()})
     assert len(objects) == 1 and id(model) not in objects
     assert torch.equal(torch.random.get_rng_state(), rng), "the global RNG was used"
     assert_same_state(model, before)
     first, second, third = drawn
-    base = T._parameters(model)
+    base = parameters(model)
     for name, p in first.items():
         assert torch.equal(p, third[name]), f"{name}: one seed, one init"
         if is_bias(name):
@@ -171,7 +173,7 @@ def test_tied_embeddings_stay_tied():
         model = lens_bias.models.from_hf(LlamaForCausalLM(config))
 
     def tied(m):
-        params = T._parameters(m)
+        params = parameters(m)
         if "unembed.W_U" in params:
             return torch.equal(params["unembed.W_U"], params["embed.W_E"].T)
         state = m.state_dict(keep_vars=True)
@@ -300,9 +302,9 @@ def test_gemma_keeps_its_function_under_a_permutation_and_refuses_a_rotation(cod
     ids = torch.randint(0, 1024, (2, 8), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         expected = model(ids)
-        assert (T.permute_residual(model)(ids) - expected).abs().max().item() < 1e-5 * expected.abs().max().item() + 1e-6
+        assert (R.permute_residual(model)(ids) - expected).abs().max().item() < 1e-5 * expected.abs().max().item() + 1e-6
     with pytest.raises(LensBiasError, match="cannot be folded into post-sub-layer norms"):
-        T.rotate_residual(model)
+        R.rotate_residual(model)
     result = D.real_descendants(model, "tiny", data=code_blocks, progress=False, align_modes=(None, "permutation"))
     assert sorted(result.not_made) == sorted(t for t in result.not_made if t.startswith("rotated")) and len(result.not_made) == 3
     table = result.to_pandas()
@@ -344,7 +346,7 @@ def test_smollm2_random_init_is_unrelated(smollm2, base_print):
     assert result.p >= 0.01  # measured: τ̄ −0.003 / 0.005 (z −0.5 / 1.0)
 
 
-@pytest.mark.parametrize("transform", [T.permute_residual, T.rotate_residual], ids=["permuted", "rotated"])
+@pytest.mark.parametrize("transform", [R.permute_residual, R.rotate_residual], ids=["permuted", "rotated"])
 def test_smollm2_reparametrised_keeps_its_logits_on_real_text(smollm2, transform):
     tokens = text_tokens(smollm2.tokenizer, 2, 32)
     before = state_copy(smollm2)
@@ -366,8 +368,8 @@ ALIGNED = dict(n=1400, seq_len=4)
 
 @pytest.fixture(scope="module")
 def aligned_prints(smollm2):
-    rotated = T.rotate_residual(smollm2, seed=1)
-    models = {"base": smollm2, "permuted": T.permute_residual(smollm2, seed=1), "rotated": rotated,
+    rotated = R.rotate_residual(smollm2, seed=1)
+    models = {"base": smollm2, "permuted": R.permute_residual(smollm2, seed=1), "rotated": rotated,
               "rotated 4-bit": T.quantize(rotated, bits=4), "random init": next(T.random_inits(smollm2, [1_000_000]))}
     return {name: seedprint.fingerprint(m, **ALIGNED, progress=False) for name, m in models.items()}
 

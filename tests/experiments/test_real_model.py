@@ -325,7 +325,7 @@ def test_a_renamed_vocabulary_is_found_by_compare(smollm2, smollm2_hf):
     unrelated (τ̄ ≈ 0); compare finds the renaming and calls it related (τ̄ ≈ 1). A vocabulary grown by 16 tokens
     (``resize_token_embeddings``) keeps its IDs and is found as it is."""
     from lens_bias import seedprint as sp
-    from lens_bias.models.transforms import rename_vocabulary
+    from lens_bias.models.reparametrise import rename_vocabulary
 
     renamed = rename_vocabulary(smollm2, seed=0)
     perm = renamed.lens_bias_vocabulary

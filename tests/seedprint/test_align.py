@@ -17,7 +17,8 @@ from lens_bias import seedprint as sp
 from lens_bias.cli import main
 from lens_bias.core.stats import adjust_p, detection_metrics
 from lens_bias.models.checkpoints import save_checkpoint
-from lens_bias.models.transforms import permute_residual, quantize, rotate_residual
+from lens_bias.models.reparametrise import permute_residual, rotate_residual
+from lens_bias.models.transforms import quantize
 from lens_bias.seedprint import align
 from lens_bias.seedprint.statistic import tau_statistic
 
@@ -175,7 +176,7 @@ def test_a_renamed_vocabulary_does_not_evade_lineage(tmp_path, monkeypatch):
     4-bit copy, read the base's tokens under their new IDs and are related to it; the two renamed copies share one
     token order, so they read the same IDs; an unrelated init is left alone. A saved fingerprint counts as a model,
     and a re-run loads no model."""
-    from lens_bias.models.transforms import rename_vocabulary
+    from lens_bias.models.reparametrise import rename_vocabulary
 
     base = lens_bias.random_init("llama", seed=3, **SMALL)
     renamed = rename_vocabulary(base, seed=1)

@@ -295,7 +295,8 @@ def test_a_renamed_vocabulary_does_not_evade_compare():
     token IDs reach: read with the same IDs the copy looks unrelated; compare finds the renaming from the embedding
     rows, gives the copy the same tokens renamed, and calls it related, also after 4-bit quantisation. An unrelated
     seed's table is not a renaming, so its inputs stay as drawn."""
-    from lens_bias.models.transforms import quantize, rename_vocabulary
+    from lens_bias.models.reparametrise import rename_vocabulary
+    from lens_bias.models.transforms import quantize
 
     small = dict(d_model=64, n_layers=2, n_heads=4, d_vocab=2000, n_ctx=16)
     base = lens_bias.random_init("llama", seed=3, **small)

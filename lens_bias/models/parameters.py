@@ -1,0 +1,35 @@
+"""A model's parameters as the transforms read and write them: a copy that shares the tokenizer, the parameters
+under their state_dict names (a tied pair once), and whether a ``HookedTransformer`` keeps a tied unembedding as a
+copy of its own."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+
+__all__ = ["copy_model", "parameters", "hooked_tie"]
+
+
+def copy_model(model: Any) -> Any:
+    """A deep copy sharing the tokenizer (read-only here, and slower to copy than it is worth)."""
+    tokenizer = getattr(model, "tokenizer", None)
+    return copy.deepcopy(model, {id(tokenizer): tokenizer} if tokenizer is not None else {})
+
+
+def parameters(model: Any) -> dict[str, torch.nn.Parameter]:
+    """Parameters under their state_dict names (TL names on both backends), each tensor once (a tied pair once)."""
+    seen: set[int] = set()
+    out = {}
+    for name, value in model.state_dict(keep_vars=True).items():
+        if isinstance(value, torch.nn.Parameter) and id(value) not in seen:  # buffers (rotary tables, masks) stay
+            seen.add(id(value))
+            out[name] = value
+    return out
+
+
+def hooked_tie(params: dict[str, torch.nn.Parameter]) -> bool:
+    """A HookedTransformer converted from a tied model holds ``W_U`` as a separate copy of ``W_Eᵀ``."""
+    w_e, w_u = params.get("embed.W_E"), params.get("unembed.W_U")
+    return w_e is not None and w_u is not None and w_u.shape == w_e.shape[::-1] and torch.equal(w_u, w_e.T)
