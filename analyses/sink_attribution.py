@@ -210,6 +210,40 @@ class SinkAttributionResult(Result):
         return fig
 
 
+def _chain_probes(n_layers: int, dims: list[int]) -> dict[tuple[str, int], Probe]:
+    """The links of the chain read beside the sink: the massive dims' largest |h_0| and the disparity, per layer."""
+    extra = {("massive", layer): Probe(f"blocks.{layer}.hook_resid_post", f"abs@0x{dims}", lambda x: x[:, 0, dims].float().abs().max(dim=-1).values)
+             for layer in range(n_layers)}
+    extra.update({("disparity", layer): Probe(f"blocks.{layer}.ln1.hook_normalized", "dominance@0", lambda x: dominance_ratio(x[:, 0]))
+                  for layer in range(n_layers)})
+    return extra
+
+
+def _measured(
+    model: Any, adapter: ModelAdapter, sinks: Sinks, extra: dict[tuple[str, int], Probe], tokens: Tensor, condition: Condition, position: int,
+    batch_size: int | None,
+) -> dict[str, Any]:
+    """One condition's pass (the sink and the chain's links) and its perplexity."""
+    probes = sinks.probes(adapter)
+    edits = fix_for_inputs(model, list(condition.interventions), tokens, batch_size)  # the same at any batch size
+    kept = adapter.collect(tokens, [*probes.values(), *extra.values()], batch_size=batch_size, hooks=edit_hooks(model, edits),
+                           progress=False, desc=condition.name)
+    spec = InputSpec(kind="tokens", n=tokens.shape[0], seq_len=tokens.shape[1], seed=None)
+    result = sinks.finalize(adapter, {name: kept[p.key] for name, p in probes.items()}, spec)
+    alpha, n_layers, eps = result.alpha, adapter.info.n_layers, sinks.eps  # alpha: [n, layer, head, key]
+    return {
+        "rate": result.rate_by_head(0).mean(dim=1), "rate_head": result.rate_by_head(0),
+        "per_sequence": (alpha[..., 0] > eps).float().mean(dim=(1, 2)) * 100,
+        "later": (alpha[..., position] > eps).float().mean(dim=(1, 2)) * 100,
+        "alpha0": result.share(0).mean(dim=1),
+        "key_mass": result.mass().mean(dim=(0, 1)),
+        "learned": result.learned_share().mean(dim=1) if result.declares_sink else None,
+        "massive": torch.stack([kept[extra["massive", layer].key].mean() for layer in range(n_layers)]),
+        "disparity": torch.stack([kept[extra["disparity", layer].key].mean() for layer in range(n_layers)]),
+        "perplexity": perplexity(model, tokens, interventions=edits, batch_size=batch_size),
+    }
+
+
 def sink_attribution(
     model: Any,
     tokens: Int[Tensor, "n seq"],
@@ -271,30 +305,10 @@ def sink_attribution(
     n_layers = adapter.info.n_layers
     dims = massive_dims(chosen, model, calibration, batch_size, progress)
     sinks = Sinks(eps=eps, per_sequence=True)  # paired tests between conditions read α of every sequence
-    spec = InputSpec(kind="tokens", n=tokens.shape[0], seq_len=tokens.shape[1], seed=None)
-    extra = {("massive", layer): Probe(f"blocks.{layer}.hook_resid_post", f"abs@0x{dims}", lambda x: x[:, 0, dims].float().abs().max(dim=-1).values)
-             for layer in range(n_layers)}
-    extra.update({("disparity", layer): Probe(f"blocks.{layer}.ln1.hook_normalized", "dominance@0", lambda x: dominance_ratio(x[:, 0]))
-                  for layer in range(n_layers)})
+    extra = _chain_probes(n_layers, dims)
     per_condition = []
     for condition in tqdm(chosen, desc="sink attribution", disable=not progress):
-        probes = sinks.probes(adapter)
-        edits = fix_for_inputs(model, list(condition.interventions), tokens, batch_size)  # the same at any batch size
-        kept = adapter.collect(tokens, [*probes.values(), *extra.values()], batch_size=batch_size, hooks=edit_hooks(model, edits),
-                               progress=False, desc=condition.name)
-        result = sinks.finalize(adapter, {name: kept[p.key] for name, p in probes.items()}, spec)
-        alpha = result.alpha  # [n, layer, head, key]
-        per_condition.append({
-            "rate": result.rate_by_head(0).mean(dim=1), "rate_head": result.rate_by_head(0),
-            "per_sequence": (alpha[..., 0] > eps).float().mean(dim=(1, 2)) * 100,
-            "later": (alpha[..., position] > eps).float().mean(dim=(1, 2)) * 100,
-            "alpha0": result.share(0).mean(dim=1),
-            "key_mass": result.mass().mean(dim=(0, 1)),
-            "learned": result.learned_share().mean(dim=1) if result.declares_sink else None,
-            "massive": torch.stack([kept[extra["massive", layer].key].mean() for layer in range(n_layers)]),
-            "disparity": torch.stack([kept[extra["disparity", layer].key].mean() for layer in range(n_layers)]),
-            "perplexity": perplexity(model, tokens, interventions=edits, batch_size=batch_size),
-        })
+        per_condition.append(_measured(model, adapter, sinks, extra, tokens, condition, position, batch_size))
         logger.info("%s: Sink_0 %.1f%%, perplexity %.4g", condition.name, per_condition[-1]["per_sequence"].mean(), per_condition[-1]["perplexity"])
 
     def stack(key: str) -> Tensor:

@@ -12,7 +12,7 @@ The peak of loading is what stays in memory plus one tensor in float32; the weig
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Callable, Union
 
 import torch
 from tqdm.auto import tqdm
@@ -49,13 +49,10 @@ def load_gguf_offloaded(
     Returns:
         The model in eval mode, dispatched (``hf_device_map`` set), as ``from_pretrained`` with a device map gives it.
     """
-    import numpy as np
     from accelerate import dispatch_model, init_empty_weights
     from accelerate.utils import find_tied_parameters, set_module_tensor_to_device
-    from gguf import GGUFReader, dequantize
     from safetensors.torch import save_file
     from transformers import AutoConfig, AutoModelForCausalLM
-    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
 
     path = Path(path)
     config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
@@ -71,15 +68,6 @@ def load_gguf_offloaded(
     # A weight on disk is read back under its own name, so each name of a tied group gets its own copy there.
     tied = {name: group for group in find_tied_parameters(hf) for name in group}
 
-    # The processor and names transformers' own GGUF loader uses, so the weights come out the same. It gives the
-    # processor the GGUF metadata under Hugging Face config names: the config already holds them.
-    reader = GGUFReader(str(path))
-    field = reader.fields["general.architecture"]
-    architecture = bytes(field.parts[field.data[0]]).decode()
-    reader.fields.clear()  # most of the metadata is the tokenizer's vocabulary; from here on only tensors are read
-    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=config.to_dict())
-    names = get_gguf_hf_weights_map(hf, processor)
-    parsed: dict[str, Any] = {"tensors": {}}  # the mixture-of-experts processors gather experts here
     index: dict[str, Any] = {}
 
     def place(name: str, value: torch.Tensor) -> None:
@@ -93,14 +81,7 @@ def load_gguf_offloaded(
                 save_file({each: value.contiguous()}, str(file))
                 index[each] = {"safetensors_file": str(file), "weight_name": each, "dtype": str(value.dtype).removeprefix("torch.")}
 
-    for tensor in tqdm(reader.tensors, desc="GGUF tensors", unit="tensor", disable=not progress):
-        result = processor.process(weights=dequantize(tensor.data, tensor.tensor_type), name=tensor.name,
-                                   tensor_key_mapping=names, parsed_parameters=parsed)
-        if result.name in names:
-            place(names[result.name], torch.from_numpy(np.require(result.weights, requirements="W")))  # copies only a read-only map
-    for name, value in parsed.pop("tensors").items():
-        place(name, value)
-    del reader
+    _read_tensors(path, config, hf, place, progress)
     hf.tie_weights()  # setting a tensor replaces its Parameter: tie the head to the embedding again
     missing = [n for n, p in hf.named_parameters(remove_duplicate=False) if p.device.type == "meta" and n not in index]
     if missing:
@@ -109,6 +90,31 @@ def load_gguf_offloaded(
     dispatch_model(hf, device_map=device_map, offload_dir=None if offload_folder is None else str(offload_folder),
                    offload_index=index or None, skip_keys=getattr(hf, "_skip_keys_device_placement", None))
     return hf.eval()
+
+
+def _read_tensors(path: Path, config: Any, hf: Any, place: Callable[[str, torch.Tensor], None], progress: bool) -> None:
+    """Hand every weight of the GGUF file to ``place`` under its Hugging Face name, one tensor at a time, dequantised
+    and processed as transformers' own GGUF loader does, so the weights come out the same."""
+    import numpy as np
+    from gguf import GGUFReader, dequantize
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
+
+    # The loader gives the processor the GGUF metadata under Hugging Face config names: the config already holds them.
+    reader = GGUFReader(str(path))
+    field = reader.fields["general.architecture"]
+    architecture = bytes(field.parts[field.data[0]]).decode()
+    reader.fields.clear()  # most of the metadata is the tokenizer's vocabulary; from here on only tensors are read
+    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=config.to_dict())
+    names = get_gguf_hf_weights_map(hf, processor)
+    parsed: dict[str, Any] = {"tensors": {}}  # the mixture-of-experts processors gather experts here
+    for tensor in tqdm(reader.tensors, desc="GGUF tensors", unit="tensor", disable=not progress):
+        result = processor.process(weights=dequantize(tensor.data, tensor.tensor_type), name=tensor.name,
+                                   tensor_key_mapping=names, parsed_parameters=parsed)
+        if result.name in names:
+            place(names[result.name], torch.from_numpy(np.require(result.weights, requirements="W")))  # copies only a read-only map
+    for name, value in parsed.pop("tensors").items():
+        place(name, value)
+    del reader
 
 
 def _placement(hf: Any, device_map: Any, max_memory: Any) -> dict[str, Any]:
