@@ -22,14 +22,9 @@ from lens_bias.analyses.token_preference import TokenPreference
 from lens_bias.core.adapter import ModelAdapter
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.inputs import Inputs, resolve_inputs
-from lens_bias.hooks import (
-    Intervention,
-    OddActivation,
-    SelfOnlyAttention,
-    SwapActivation,
-    UniformAttention,
-)
-from lens_bias.hooks.base import edit_records, refusal
+from lens_bias.hooks.attention import SelfOnlyAttention, UniformAttention
+from lens_bias.hooks.base import Intervention, edit_records, refusal
+from lens_bias.hooks.mlp import OddActivation, SwapActivation
 
 __all__ = ["ablate", "AblationResult", "CONDITIONS"]
 
@@ -136,10 +131,10 @@ def ablate(
     frames = []
     for name, interventions in tqdm(chosen.items(), desc="ablations", disable=not progress):
         results = run_analyses(adapter, data, spec, [TokenPreference(), Contraction()], batch_size=batch_size, interventions=interventions, progress=False)
-        frame = results["contraction"].to_pandas()[["layer", "hook", "inter", "intra"]]
+        frame = results.of(Contraction).to_pandas()[["layer", "hook", "inter", "intra"]]
         frame.insert(0, "condition", name)
-        frame["max_min_ratio"] = results["token_preference"].max_min_ratio
-        frame["entropy_ratio"] = results["token_preference"].entropy_ratio
+        frame["max_min_ratio"] = results.of(TokenPreference).max_min_ratio
+        frame["entropy_ratio"] = results.of(TokenPreference).entropy_ratio
         frames.append(frame)
     table = pd.concat(frames, ignore_index=True)
     return AblationResult(table=table, conditions=records, skipped=skipped)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, ClassVar, Generic, Hashable, Mapping, Sequence, TypeVar, cast, get_args, get_origin
+from typing import Any, ClassVar, Generic, Hashable, Mapping, Sequence, TypeVar, Union, cast, get_args, get_origin
 
 import pandas as pd
 from jaxtyping import Int
@@ -21,7 +21,7 @@ from torch import Tensor
 
 from lens_bias.core.adapter import ModelAdapter
 from lens_bias.core.errors import LensBiasError
-from lens_bias.core.inputs import Inputs, InputSpec
+from lens_bias.core.inputs import Inputs, InputSpec, RandomTokens
 from lens_bias.core.model_facts import ModelInfo
 from lens_bias.core.probes import Probe
 from lens_bias.core.registry import Registry
@@ -70,11 +70,11 @@ class Result(Serialisable):
         """What the report page prints beside the figure: the summary, less what the page's table already shows."""
         return self.summary().replace("to_pandas()", "the CSV")
 
-    def plot(self, **kwargs: Any) -> Any:
+    def plot(self) -> Any:
         """This section's matplotlib Figure (needs ``lens-bias[plot]``)."""
         raise LensBiasError(f"{type(self).__name__} has no figure; its numbers are in .to_pandas()")
 
-    def show(self, **kwargs: Any) -> Any:
+    def show(self) -> Any:
         """This section's circuitsvis view (renders in Jupyter; ``lens_bias.viz.save_html`` writes it to a page)."""
         raise LensBiasError(f"{type(self).__name__} has no circuitsvis view (lens_bias.viz.attention_view(model, tokens) draws attention)")
 
@@ -233,7 +233,7 @@ def run_analyses(
 
 
 def measure(
-    model: Any, tokens: Int[Tensor, "n seq"], analyses: Sequence[Analysis], *, interventions: Sequence[Any] = (), batch_size: int | None = None,
+    model: Any, tokens: Union[Int[Tensor, "n seq"], RandomTokens], analyses: Sequence[Analysis[Any]], *, interventions: Sequence[Any] = (), batch_size: int | None = None,
     progress: bool = False,
 ) -> Results:
     """:func:`run_analyses` on your own token IDs: one batched pass of ``model`` for every analysis, results by name

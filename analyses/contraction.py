@@ -13,6 +13,7 @@ total per layer, less than the layer's weights; 1/d_model for a direction unrela
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, ClassVar, Hashable, Mapping
 
@@ -52,6 +53,10 @@ def plot_contraction(table: pd.DataFrame) -> Any:
         ax.set_title(name)
     ax_intra.legend(fontsize=7)
     return fig
+
+
+def _last_probe(hook: str, kind: str) -> Probe:
+    return _last_probes(hook)[kind]
 
 
 def _last_probes(hook: str) -> dict[str, Probe]:
@@ -151,9 +156,10 @@ class Contraction(Analysis[ContractionResult]):
 
     def probes(self, adapter: ModelAdapter) -> dict[Hashable, Probe]:
         labels, hooks = self._hooks(adapter)
-        probes = {(kind, label): probe for label, hook in zip(labels[:-1], hooks[:-1]) for kind, probe in _last_probes(hook).items()}
-        # the final row reads what the model unembeds: after the final norm's gain
-        return probes | {(kind, "final"): adapter.readout_probe(lambda hook, kind=kind: _last_probes(hook)[kind]) for kind in _last_probes(hooks[-1])}
+        probes: dict[Hashable, Probe] = {(kind, label): probe for label, hook in zip(labels[:-1], hooks[:-1]) for kind, probe in _last_probes(hook).items()}
+        for kind in _last_probes(hooks[-1]):  # the final row reads what the model unembeds: after the final norm's gain
+            probes[kind, "final"] = adapter.readout_probe(functools.partial(_last_probe, kind=kind))
+        return probes
 
     def finalize(self, adapter: ModelAdapter, kept: Mapping[Hashable, Tensor], spec: InputSpec) -> ContractionResult:
         labels, hooks = self._hooks(adapter)

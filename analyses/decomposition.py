@@ -19,7 +19,7 @@ the components add back to the residual reads the first batch's sequences.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Hashable, Mapping
+from typing import Any, ClassVar, Hashable, Mapping, Sequence
 
 import pandas as pd
 import torch
@@ -98,7 +98,7 @@ class DecompositionResult(Result):
         energy); a deep model's other rows are in ``to_pandas()``."""
         columns = list(zip(self.components, self.shared_energy.tolist(), self.shared_fraction.tolist(), self.cos_to_seed.tolist(),
                            self.seed_projection.tolist(), self.cumulative_cos_to_seed.tolist()))
-        shown = range(len(columns))
+        shown: Sequence[int] = range(len(columns))
         if len(columns) > most:
             largest = self.shared_energy.topk(most - 2).indices.tolist()
             shown = sorted({0, len(columns) - 1, *largest})

@@ -39,7 +39,8 @@ from lens_bias.core.errors import LensBiasError
 from lens_bias.core.figures import layer_axis, new_figure
 from lens_bias.core.inputs import InputSpec
 from lens_bias.core.probes import Probe
-from lens_bias.hooks import Compose, SetActivations
+from lens_bias.hooks.activations import SetActivations
+from lens_bias.hooks.base import Compose
 
 __all__ = ["MassiveActivations", "massive_activations", "MassiveActivationsResult", "massive_ablation"]
 

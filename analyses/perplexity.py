@@ -25,8 +25,7 @@ from lens_bias.analyses.base import Result
 from lens_bias.core.adapter import ModelAdapter
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.probes import on_device
-from lens_bias.hooks import intervene
-from lens_bias.hooks.base import InterventionLike, fix_for_inputs
+from lens_bias.hooks.base import InterventionLike, fix_for_inputs, intervene
 
 __all__ = ["perplexity", "PerplexityTable", "perplexity_table"]
 
@@ -79,7 +78,7 @@ def perplexity(
         batch_size = max(1, min(adapter.default_batch_size(seq_len), _LOGIT_FLOATS_PER_BATCH // (seq_len * adapter.info.d_vocab)))
     elif isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise LensBiasError(f"batch_size must be a positive int or None, got {batch_size!r}")
-    interventions = fix_for_inputs(model, list(interventions), tokens, batch_size)  # batch-free edits: the same at any batch size
+    interventions = fix_for_inputs(model, interventions, tokens, batch_size)  # batch-free edits: the same at any batch size
     total: Tensor | None = None  # the summed NLL where the logits are (float64; float32 on MPS, which has none), read once
     was_training = model.training
     if was_training:
@@ -91,7 +90,8 @@ def perplexity(
                 logits = model(batch)[:, :-1].float()  # [batch, seq - 1, d_vocab]
                 loss = F.cross_entropy(logits.flatten(0, 1), on_device(batch[:, 1:].flatten(), logits.device), reduction="sum")
                 total = loss.to(torch.float32 if loss.device.type == "mps" else torch.float64) if total is None else total + loss
-            nll = total.item() / (n * (seq_len - 1))  # type: ignore[union-attr] - n >= 1 (_check_tokens)
+            assert total is not None  # n >= 1 (_check_tokens)
+            nll = total.item() / (n * (seq_len - 1))
     finally:
         if was_training:
             model.train()

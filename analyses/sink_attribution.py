@@ -35,8 +35,7 @@ from lens_bias.core.errors import LensBiasError
 from lens_bias.core.figures import integer_ticks, new_figure
 from lens_bias.core.inputs import InputSpec, check_later_position
 from lens_bias.core.probes import Probe
-from lens_bias.hooks import Intervention
-from lens_bias.hooks.base import edit_hooks, edit_records, fix_for_inputs, refusal
+from lens_bias.hooks.base import Intervention, edit_hooks, edit_records, fix_for_inputs, refusal
 
 __all__ = ["sink_attribution", "SinkAttributionResult", "VERDICTS"]
 
@@ -225,12 +224,12 @@ def _measured(
 ) -> dict[str, Any]:
     """One condition's pass (the sink and the chain's links) and its perplexity."""
     probes = sinks.probes(adapter)
-    edits = fix_for_inputs(model, list(condition.interventions), tokens, batch_size)  # the same at any batch size
+    edits = fix_for_inputs(model, condition.interventions, tokens, batch_size)  # the same at any batch size
     kept = adapter.collect(tokens, [*probes.values(), *extra.values()], batch_size=batch_size, hooks=edit_hooks(model, edits),
                            progress=False, desc=condition.name)
     spec = InputSpec(kind="tokens", n=tokens.shape[0], seq_len=tokens.shape[1], seed=None)
     result = sinks.finalize(adapter, {name: kept[p.key] for name, p in probes.items()}, spec)
-    alpha, n_layers, eps = result.alpha, adapter.info.n_layers, sinks.eps  # alpha: [n, layer, head, key]
+    alpha, n_layers, eps = result.per_sequence(), adapter.info.n_layers, sinks.eps  # alpha: [n, layer, head, key]
     return {
         "rate": result.rate_by_head(0).mean(dim=1), "rate_head": result.rate_by_head(0),
         "per_sequence": (alpha[..., 0] > eps).float().mean(dim=(1, 2)) * 100,

@@ -34,24 +34,20 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from lens_bias.analyses.base import measure
+from lens_bias.analyses.base import Analysis, measure
 from lens_bias.analyses.massive import MassiveActivations
 from lens_bias.analyses.super_neurons import SuperNeurons
 from lens_bias.analyses.super_weights import SuperWeights
 from lens_bias.core.adapter import ModelAdapter
 from lens_bias.core.errors import LensBiasError, WrongType
 from lens_bias.core.probes import Probe
-from lens_bias.hooks import (
-    AmplifyVariance,
-    Compose,
-    Intervention,
-    MaskToSelf,
-    RemoveLearnedSinks,
-    RemoveWeight,
-    RemoveWeights,
-    SetActivations,
-    ZeroOutputDims,
-)
+from lens_bias.hooks.activations import SetActivations
+from lens_bias.hooks.attention import MaskToSelf
+from lens_bias.hooks.base import Compose, Intervention
+from lens_bias.hooks.learned_sinks import RemoveLearnedSinks
+from lens_bias.hooks.sublayer import ZeroOutputDims
+from lens_bias.hooks.variance import AmplifyVariance
+from lens_bias.hooks.weights import RemoveWeight, RemoveWeights
 
 __all__ = ["Condition", "anatomy_conditions", "condition_list", "massive_dims", "MOVES", "LEARNED_LINK"]
 
@@ -117,7 +113,9 @@ def anatomy_conditions(
     if position >= calibration.shape[1]:
         raise LensBiasError(f"position {position} lies outside sequences of {calibration.shape[1]} tokens; pass position < {calibration.shape[1]}")
     dense = info.n_experts is None  # a mixture of experts has its super weights per expert, not one per layer
-    sections = [MassiveActivations(), *([SuperWeights(top=n_candidates), SuperNeurons()] if dense else [])]
+    sections: list[Analysis[Any]] = [MassiveActivations()]
+    if dense:
+        sections += [SuperWeights(top=n_candidates), SuperNeurons()]
     found = measure(model, calibration, sections, batch_size=batch_size, progress=progress)
     massive = found.of(MassiveActivations)
     onset = massive.onset_layer()

@@ -182,6 +182,12 @@ class SinksResult(Result):
     }
     plot_caption = "first-token sink per layer and head"
 
+    def per_sequence(self) -> Float[Tensor, "n layer head key"]:
+        """α of every sequence (what paired tests between conditions read); kept with ``Sinks(per_sequence=True)`` only."""
+        if self.alpha is None:
+            raise LensBiasError("these sinks kept means over sequences only; measure with Sinks(per_sequence=True) for α of every sequence")
+        return self.alpha
+
     def _above(self, eps: float | None) -> Float[Tensor, "layer head key"]:
         """% of sequences with α > eps per (layer, head, key): counted in the pass at the thresholds, else from α."""
         eps = self.eps if eps is None else eps
@@ -322,7 +328,7 @@ class SinksResult(Result):
         rows = []
         for layer in range(n_layers):
             for head in range(n_heads):
-                row = {"layer": layer, "head": head, "sink_rate_0": rate[layer, head].item(), "first_token_share": share[layer, head].item(),
+                row: dict[str, Any] = {"layer": layer, "head": head, "sink_rate_0": rate[layer, head].item(), "first_token_share": share[layer, head].item(),
                        "norm_ratio_0": self.norm_ratio[layer].item()}
                 if sliding:
                     row["window"] = "full" if windows[layer] is None else str(windows[layer])

@@ -30,8 +30,8 @@ from lens_bias.core.experts import expert_activations, moe_layer, moe_layers, ro
 from lens_bias.core.inputs import InputSpec
 from lens_bias.core.model_facts import ModelInfo
 from lens_bias.core.probes import Probe
-from lens_bias.hooks import RemoveWeight
 from lens_bias.hooks.base import InterventionLike
+from lens_bias.hooks.weights import RemoveWeight
 
 __all__ = ["super_experts", "SuperExpertsResult"]
 
@@ -151,7 +151,7 @@ class SuperExperts(Analysis[SuperExpertsResult]):
         layers = moe_layers(adapter.model)
         for layer in layers:
             moe = moe_layer(adapter.model, layer, self.name)
-            down = moe.experts.down_proj
+            down: Tensor = moe.experts.down_proj
             states = kept[layer].to(device=down.device, dtype=down.dtype)
             with torch.no_grad():
                 _, indices = route(moe, states)
@@ -167,12 +167,12 @@ class SuperExperts(Analysis[SuperExpertsResult]):
                     continue
                 units, out = expert_activations(moe, states[routed], expert)
                 a_max, o_max = units.float().abs().amax(dim=0), out.float().abs().amax(dim=0)
-                k, j = int(a_max.argmax()), int(o_max.argmax())
-                row["input_max"].append(a_max[k].item())
-                row["input_unit"].append(k)
-                row["output_max"].append(o_max[j].item())
-                row["output_dim"].append(j)
-                row["weight"].append(moe.down_weight(expert)[j, k].float().item())
+                unit, dim = int(a_max.argmax()), int(o_max.argmax())
+                row["input_max"].append(a_max[unit].item())
+                row["input_unit"].append(unit)
+                row["output_max"].append(o_max[dim].item())
+                row["output_dim"].append(dim)
+                row["weight"].append(moe.down_weight(expert)[dim, unit].float().item())
             for k in fields:
                 fields[k].append(row[k])
         result = SuperExpertsResult(

@@ -245,7 +245,7 @@ class SuperNeurons(Analysis[SuperNeuronsResult]):
         return not info.attn_only  # no MLP units to rank
 
     def probes(self, adapter: ModelAdapter) -> dict[Hashable, Probe]:
-        p, probes = self.position, {}
+        p, probes = self.position, dict[Hashable, Probe]()
         for layer in range(adapter.info.n_layers):
             probes["units", layer] = _unit_probe(f"blocks.{layer}.mlp.hook_post", p)
             probes["mlp_in_max", layer] = Probe(f"blocks.{layer}.mlp.hook_post", "max_abs", _max_abs, combine="max")
@@ -262,7 +262,7 @@ class SuperNeurons(Analysis[SuperNeuronsResult]):
         resid = torch.stack([kept["resid", layer] / n for layer in layers]).float()  # [layer, d_model]
         massive_dim = int(resid.max(dim=0).values.argmax())
         dominance = torch.stack([kept["dominance", layer] / n for layer in layers]).float()  # [layer, 2]
-        blocks = getattr(adapter.model, "blocks", None)
+        blocks: Any = getattr(adapter.model, "blocks", None)
         try:
             w_out = [read_weight(blocks[layer].mlp, "W_out").float().cpu() for layer in layers]  # each [d_mlp, d_model]
         except (AttributeError, TypeError):  # a HookedRootModule without TL weight names: no writes to rank by

@@ -35,8 +35,8 @@ from lens_bias.core.inputs import InputSpec
 from lens_bias.core.model_facts import ModelInfo
 from lens_bias.core.offload import read_weight
 from lens_bias.core.probes import Probe
-from lens_bias.hooks import RemoveWeight, RemoveWeights
 from lens_bias.hooks.base import InterventionLike
+from lens_bias.hooks.weights import RemoveWeight, RemoveWeights
 
 __all__ = ["super_weights", "SuperWeightsResult", "super_weight_table", "SPIKE"]
 

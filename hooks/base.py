@@ -17,7 +17,7 @@ from __future__ import annotations
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
-from typing import Any, Iterator, Mapping, Sequence, TypeVar, Union
+from typing import Any, Iterator, Mapping, Sequence, TypeGuard, TypeVar, Union, cast, overload
 
 from lens_bias.core.adapter import ModelAdapter
 from lens_bias.core.errors import LensBiasError, WrongType
@@ -206,7 +206,7 @@ def as_hooks(model: Any, interventions: Sequence[InterventionLike]) -> list[FwdH
 Edit = Union[Intervention, Sequence[Intervention], FwdHook]
 
 
-def _is_raw(item: Any) -> bool:
+def _is_raw(item: Any) -> TypeGuard[FwdHook]:
     return isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str) and callable(item[1])
 
 
@@ -219,9 +219,9 @@ def edit_hooks(model: Any, edits: Sequence[Edit], *, raw: bool = True) -> list[F
     seen: dict[str, list[tuple[str, str]]] = {}  # hook name -> (role, owner) of the interventions before
     for item in edits:
         if raw and _is_raw(item):
-            hooks.append(item)  # type: ignore[arg-type]
+            hooks.append(item)
             continue
-        for iv in _flatten([item]):  # type: ignore[list-item]
+        for iv in _flatten([cast(InterventionLike, item)]):  # not a plain pair: an intervention or a list of them
             own = iv.fwd_hooks(model)
             owner = type(iv).__name__
             for name, fn in own:
@@ -232,7 +232,15 @@ def edit_hooks(model: Any, edits: Sequence[Edit], *, raw: bool = True) -> list[F
     return hooks
 
 
-def fix_for_inputs(model: Any, edits: Sequence[Edit], inputs: Any, batch_size: int | None = None) -> list[Edit]:
+@overload
+def fix_for_inputs(model: Any, edits: Sequence[InterventionLike], inputs: Any, batch_size: int | None = None) -> Sequence[InterventionLike]: ...
+
+
+@overload
+def fix_for_inputs(model: Any, edits: Sequence[Edit], inputs: Any, batch_size: int | None = None) -> Sequence[Edit]: ...
+
+
+def fix_for_inputs(model: Any, edits: Sequence[Edit], inputs: Any, batch_size: int | None = None) -> Sequence[Edit]:
     """``edits`` with every intervention fixed for ``inputs`` (:meth:`Intervention.fixed_for`), so a pass over them gives
     the same numbers however they are split into batches; plain ``(hook_name, fn)`` pairs are kept as they are."""
     return _fixed_each(model, edits, inputs, (), batch_size)
@@ -270,7 +278,7 @@ def edit_records(edits: Sequence[Edit]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for item in edits:
         if _is_raw(item):
-            out.append({"type": "fwd_hook", "hook": item[0]})  # type: ignore[index]
+            out.append({"type": "fwd_hook", "hook": item[0]})
         elif isinstance(item, Intervention):
             out.append(item.to_dict())
         elif isinstance(item, (list, tuple)):

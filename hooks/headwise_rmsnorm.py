@@ -75,7 +75,7 @@ class HeadwiseRMSNorm(Intervention):
                 "(n_layers, n_heads, d_head): make a new HeadwiseRMSNorm().bind(model) for this model"
             )
 
-    def _gains(self, model: Any) -> Tensor | None:
+    def _gains(self, model: Any) -> torch.nn.Parameter | None:
         """The gains, checked against ``model``; never made or moved here (that is :meth:`bind`)."""
         if not self.gain:
             return None

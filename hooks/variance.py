@@ -108,7 +108,7 @@ class AmplifyVariance(_EditAtPosition):
             probe = Probe(f"blocks.{layer}.hook_attn_out", f"sum@{k}", lambda out: out[:, k].double().sum(dim=0), combine="sum")
             hooks = edit_hooks(model, [*others, done] if done.layers else list(others))
             means[layer] = adapter.collect(inputs, [probe], batch_size=batch_size, hooks=hooks, progress=False)[probe.key] / n
-            done = replace(done, mean=tuple(map(tuple, means.tolist())), layers=(*done.layers, layer))
+            done = replace(done, mean=tuple(map(tuple, means.tolist())), layers=(*(done.layers or ()), layer))
         return replace(self, mean=tuple(map(tuple, means.tolist())))
 
 

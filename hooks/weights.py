@@ -45,7 +45,7 @@ def _coordinate(weight: Any, owner: str) -> Coordinate:
         coordinate = ()
     if len(coordinate) != 3 or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in coordinate):
         raise LensBiasError(f"{owner}: a weight is (layer, row, col) of non-negative ints, got {weight!r}")
-    return coordinate  # type: ignore[return-value]
+    return coordinate
 
 
 def _removal_hooks(model: Any, weights: Sequence[Coordinate], owner: str) -> list[FwdHook]:

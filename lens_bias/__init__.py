@@ -32,7 +32,7 @@ from lens_bias.core.inputs import (
     random_tokens,
     text_tokens,
 )
-from lens_bias.hooks import intervene
+from lens_bias.hooks.base import intervene
 from lens_bias.models import ModelSpec, from_hf, pretrained, random_init
 from lens_bias.report import BiasReport, analyze, viz
 from lens_bias.seedprint import Fingerprint, SeedPrintResult, compare, fingerprint

@@ -87,8 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", help="show the full traceback of an error instead of one line")
 
-    def command(name: str, **texts: str) -> argparse.ArgumentParser:  # every subcommand: defaults in --help, --debug
-        return sub.add_parser(name, **texts, formatter_class=argparse.ArgumentDefaultsHelpFormatter, parents=[common])
+    def command(name: str, *, help: str, description: str) -> argparse.ArgumentParser:  # every subcommand: defaults in --help, --debug
+        return sub.add_parser(name, help=help, description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter, parents=[common])
 
     for add in (_analyze_parser, _fingerprint_parser, _seedprint_parser, _lineage_parser, _train_parser):
         add(command)

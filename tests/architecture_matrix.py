@@ -95,7 +95,7 @@ def tiny_hf(model_type: str) -> Any:
 
 def tiny_hooked(variant: str) -> Any:
     """A tiny TL 3 ``HookedTransformer`` of one :data:`TL3_VARIANTS` entry."""
-    HookedTransformer, HookedTransformerConfig = tl.hooked_transformer_classes()  # type: ignore[misc]
+    HookedTransformer, HookedTransformerConfig = tl.hooked_classes()
     fields = dict(d_model=64, d_head=16, n_heads=4, n_layers=2, n_ctx=64, d_vocab=VOCAB, d_mlp=128, act_fn="gelu", normalization_type="LN", seed=0)
     fields.update(TL3_VARIANTS[variant])
     with torch.random.fork_rng(devices=[]):

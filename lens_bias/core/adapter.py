@@ -47,7 +47,7 @@ class _FinalAffine:
 
     Equal for one norm module, so two readout probes of one model share their key."""
 
-    def __init__(self, norm: torch.nn.Module):
+    def __init__(self, norm: Any):  # a final norm with a gain ``w`` (and perhaps a bias ``b``)
         self.norm = norm
 
     def __call__(self, x: Tensor) -> Tensor:

@@ -90,7 +90,7 @@ def _parse(path: Path) -> tuple[str, ast.Module] | None:
 _DOC_NODES = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
 
 
-def _docstring_nodes(tree: ast.Module) -> list[ast.Expr]:
+def _docstring_nodes(tree: ast.Module) -> list[Any]:  # ast.Expr whose value is a str Constant
     return [
         node.body[0]
         for node in ast.walk(tree)
@@ -146,7 +146,7 @@ def _code(min_chars: int) -> Corpus:
             continue
         source, tree = parsed
         lines = source.splitlines()
-        drop = {i for node in _docstring_nodes(tree) for i in range(node.lineno - 1, node.end_lineno)}
+        drop = {i for node in _docstring_nodes(tree) for i in range(node.lineno - 1, node.end_lineno or node.lineno)}
         text = "\n".join(line for i, line in enumerate(lines) if i not in drop).strip()
         if len(text) >= min_chars:
             docs.append(text)

@@ -66,9 +66,9 @@ def gather_rows(rows: Tensor, n: int, batch_size: int, rank: int, world: int) ->
     padded[: rows.shape[0]] = rows.to(device)
     bucket = [torch.empty_like(padded) for _ in range(world)] if rank == 0 else None
     dist.gather(padded, bucket, dst=0)
-    if rank != 0:
+    if bucket is None:  # a rank other than 0: its shard was sent
         return None
-    return torch.cat([b[: stop - start].cpu() for b, (start, stop) in zip(bucket, shards)])  # type: ignore[arg-type]
+    return torch.cat([b[: stop - start].cpu() for b, (start, stop) in zip(bucket, shards)])
 
 
 def run_sharded(extract: Callable[[int, int], Tensor], n: int, batch_size: int) -> Tensor | None:

@@ -33,7 +33,7 @@ class MoELayer:
 
     layer: int
     router: torch.nn.Module  # returns (logits, weights [tokens, top_k], indices [tokens, top_k])
-    experts: torch.nn.Module  # fused experts: forward(states, indices, weights)
+    experts: Any  # fused experts, a Hugging Face module: forward(states, indices, weights), down_proj [expert, ...]
     n_experts: int
 
     def down_weight(self, expert: int) -> Float[Tensor, "d_model d_unit"]:

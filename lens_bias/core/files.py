@@ -54,7 +54,7 @@ def _interrupt_behind(err: BaseException) -> BaseException:
 
     torch.save's zip writer, stopped mid-record, raises its own RuntimeError ("unexpected pos") on the way out;
     the caller should see the Ctrl-C it pressed, not that."""
-    seen = err
+    seen: BaseException | None = err
     while seen is not None:
         if not isinstance(seen, Exception):
             return seen

@@ -96,7 +96,7 @@ def _d_mlp(model: Any, configured: int | None) -> int | None:
     """The MLP width read from the first block's ``W_out`` ([d_mlp, d_model]), not the config: TL 4.3's OPT bridge
     reports cfg.d_mlp 256 for a W_out of 128 × 64. Its shape only, so an offloaded (meta) weight is never loaded.
     The config's value where the MLP exposes no ``W_out`` (a mixture of experts)."""
-    blocks = getattr(model, "blocks", None)
+    blocks: Any = getattr(model, "blocks", None)
     try:
         return int(blocks[0].mlp.W_out.shape[0])
     except Exception:  # noqa: BLE001 - no blocks, no MLP, or an MLP without a single W_out

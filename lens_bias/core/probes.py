@@ -71,7 +71,7 @@ def _same_reduction(f: Callable[..., Any], g: Callable[..., Any]) -> bool:
         same_cells = len(cells_f) == len(cells_g) and all(
             _same_reduction(a, b) if callable(a) and callable(b) and hasattr(a, "__code__") else a == b for a, b in zip(cells_f, cells_g)
         )
-        return bool(f.__defaults__ == g.__defaults__ and same_cells)  # type: ignore[attr-defined]
+        return bool(f.__defaults__ == g.__defaults__ and same_cells)
     except (RuntimeError, TypeError, ValueError):  # values without a plain ==, e.g. tensors: not provably equal
         return False
 

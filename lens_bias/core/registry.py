@@ -58,8 +58,9 @@ class Registry(Mapping[str, T]):
         """Register ``entry`` under ``name`` (see :meth:`check`)."""
         self.check(name, entry)
         self._entries[name] = entry
-        if self._order is not None:
-            ordered = sorted(self._entries.items(), key=lambda item: self._order(item[1]))  # type: ignore[misc]
+        order = self._order
+        if order is not None:
+            ordered = sorted(self._entries.items(), key=lambda item: order(item[1]))
             self._entries = dict(ordered)
 
     def check(self, name: str, entry: T) -> None:

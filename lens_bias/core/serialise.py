@@ -89,12 +89,12 @@ class Serialisable:
 
     def to_dict(self) -> dict[str, Any]:
         """Every field, JSON-ready (tensors with their dtype and shape, DataFrames with their columns)."""
-        return {f.name: to_jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+        return {f.name: to_jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}  # type: ignore[arg-type]  # a mixin of dataclasses
 
     @classmethod
     def from_dict(cls: type[S], d: Mapping[str, Any]) -> S:
         """The object :meth:`to_dict` wrote (tensors equal to the last bit); fields left out take their defaults."""
-        fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]  # a mixin of dataclasses
         unknown = sorted(set(d) - set(fields))
         if unknown:
             raise LensBiasError(f"{cls.__name__}.from_dict: unknown field(s) {unknown}; its fields are {list(fields)}")

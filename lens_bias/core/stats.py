@@ -153,7 +153,7 @@ def kendall_tau_b_vectorised(x: Float[Tensor, "n k"], y: Float[Tensor, "n k"]) -
     return concordant_minus_discordant.double() / denominator
 
 
-def auc(scores: Union[Float[Tensor, "n"], Sequence[float]], labels: Sequence[bool]) -> float:
+def auc(scores: Union[Float[Tensor, "n"], Sequence[float], np.ndarray], labels: Union[Sequence[bool], np.ndarray]) -> float:
     """Area under the ROC curve: P(score of a positive > score of a negative), ties counting one half (exact).
 
     >>> auc([0.9, 0.8, 0.1], [True, False, False])

@@ -13,7 +13,9 @@ from functools import lru_cache
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-__all__ = ["tl_version", "tl_major", "hooked_transformer_classes", "bridge_class", "move"]
+from lens_bias.core.errors import LensBiasError
+
+__all__ = ["tl_version", "tl_major", "hooked_transformer_classes", "hooked_classes", "bridge_class", "move"]
 
 
 @lru_cache(maxsize=None)
@@ -38,6 +40,14 @@ def hooked_transformer_classes() -> tuple[type, type] | None:
     except (ImportError, AttributeError):
         return None
     return HookedTransformer, HookedTransformerConfig
+
+
+def hooked_classes() -> tuple[Any, Any]:
+    """``(HookedTransformer, HookedTransformerConfig)``, where a path builds a TL 3.x model; refused on TL 4.x."""
+    classes = hooked_transformer_classes()
+    if classes is None:
+        raise LensBiasError(f"a HookedTransformer needs TransformerLens 3.x; this is {tl_version()}: use the TransformerBridge (backend='bridge')")
+    return classes
 
 
 @lru_cache(maxsize=None)

@@ -294,7 +294,9 @@ def _judged(
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
     """Under each align mode: the base against every target (a row each), the random inits against each other (more
     unrelated pairs at no fingerprinting cost: TPR at 1% FPR needs them), and the metrics over all those pairs."""
-    tests, metrics, pairs = [], [], []
+    tests: list[dict[str, Any]] = []
+    metrics: list[dict[str, Any]] = []
+    pairs: list[dict[str, Any]] = []
 
     def test(a: seedprint.Fingerprint, b: seedprint.Fingerprint, mode: Any, tested: tuple[str, ...]) -> seedprint.SeedPrintResult:
         null = seedprint.AnalyticNull() if mode is None else seedprint.SeedsNull(

@@ -243,7 +243,9 @@ def _trained_prints(
     def fingerprints(model: Any) -> dict[str, seedprint.Fingerprint]:
         return {kind: _fingerprint(cfg, model, kind) for kind in kinds}
 
-    training, trained, checkpoints = [], {}, []
+    training: list[dict[str, Any]] = []
+    trained: dict[int, Any] = {}
+    checkpoints: list[Path] = []
     work = Path(tempfile.mkdtemp(prefix="lens_bias_persistence_"))  # the seed-42 checkpoints, read back by the curve
     null_seeds = [s for s in range(1, cfg.n_null_trained + len(SEEDS) + 1) if s not in SEEDS][: cfg.n_null_trained]
     for seed in tqdm([*SEEDS, *null_seeds], desc="pretraining", disable=not progress):
@@ -252,8 +254,8 @@ def _trained_prints(
             prints[f"init {seed}"] = fingerprints(model)
         if seed == 42:  # the lineage curve uses token inputs whatever the tables use
             curve_base = prints["init 42"]["tokens"] if "tokens" in kinds else _fingerprint(cfg, model, "tokens")
-        saved = dict(checkpoint_every=cfg.checkpoint_every, checkpoint_dir=work / "seed42") if seed == 42 else {}
-        run = train(model, on_prose, pretrain, progress=progress, **saved)
+        run = train(model, on_prose, pretrain, progress=progress, checkpoint_every=cfg.checkpoint_every if seed == 42 else None,
+                    checkpoint_dir=work / "seed42" if seed == 42 else None)
         checkpoints = run.checkpoints if seed == 42 else checkpoints
         training.append(_training_row(f"pretrain {seed} on prose" + ("" if seed in SEEDS else " (null)"), run, on_prose))
         prints[f"trained {seed}"] = fingerprints(model)

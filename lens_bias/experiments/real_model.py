@@ -117,7 +117,7 @@ def sink_table(
         for with_bos_token in bos:
             tokens = sink_inputs(model, kind, n, seq_len, bos=with_bos_token, seed=seed)
             results[(kind, with_bos_token)] = measure(model, tokens, [Sinks(eps=eps)]).of(Sinks)
-    return SinkTable(results, eps)  # type: ignore[arg-type]
+    return SinkTable(results, eps)
 
 
 def move_sink_table(model: Any, *, n: int = 64, seq_len: int = 64, position: int = 8, factor: float = 8.0, eps: float = DEFAULT_EPS,

@@ -38,7 +38,10 @@ from lens_bias.core.inputs import RandomTokens, check_later_position, with_bos
 from lens_bias.core.serialise import Serialisable
 from lens_bias.core.tables import markdown_table
 from lens_bias.experiments.base import Experiment, Outcome
-from lens_bias.hooks import AmplifyVariance, HeadwiseRMSNorm, Intervention, MaskToSelf, ScaleNorm, UniformAttention
+from lens_bias.hooks.attention import MaskToSelf, UniformAttention
+from lens_bias.hooks.base import Intervention
+from lens_bias.hooks.headwise_rmsnorm import HeadwiseRMSNorm
+from lens_bias.hooks.variance import AmplifyVariance, ScaleNorm
 from lens_bias.models import ModelSpec, random_init
 from lens_bias.models.checkpoints import load_checkpoint, save_checkpoint
 from lens_bias.training.data import TokenData
@@ -223,7 +226,7 @@ def intervention_table(model: Any, tokens: Tensor, position: int, factor: float,
             res = baseline
         else:
             res = measure(model, tokens, [Sinks(eps=eps, per_sequence=True)], interventions=ivs).of(Sinks)
-        alpha_k = res.alpha[..., position].mean(dim=(1, 2))  # [n]: mean over layers and heads
+        alpha_k = res.per_sequence()[..., position].mean(dim=(1, 2))  # [n]: mean over layers and heads
         per_sequence[name] = alpha_k
         diff = alpha_k - per_sequence["baseline"]
         se_diff = diff.std() / len(diff) ** 0.5
@@ -319,7 +322,7 @@ def run_sink_experiment(
     trained_sinks, neurons = trained_results.of(Sinks), trained_results.of(SuperNeurons)
     by_layer = sinks_by_layer(init_sinks, trained_sinks, cfg.eps)
     # α_0 per sequence (mean over layers and heads), paired over the same held-out sequences
-    share_diff = trained_sinks.alpha[..., 0].mean(dim=(1, 2)) - init_sinks.alpha[..., 0].mean(dim=(1, 2))
+    share_diff = trained_sinks.per_sequence()[..., 0].mean(dim=(1, 2)) - init_sinks.per_sequence()[..., 0].mean(dim=(1, 2))
     moved = intervention_table(model, tokens, cfg.position, cfg.factor, cfg.eps, baseline=trained_sinks)
     rms_rows, curves = _rmsnorm_parity(cfg, data, tokens, model, baseline_run, trained_sinks, training_rows, out, device, progress) if cfg.train_rmsnorm else ([], [])
     result = SinkExperimentResult(
@@ -364,7 +367,7 @@ def _rmsnorm_parity(
     return rms_rows, curves
 
 
-def _parity_row(cfg: SinkConfig, model: Any, sinks: SinksResult, interventions: list[Intervention]) -> dict[str, float]:
+def _parity_row(cfg: SinkConfig, model: Any, sinks: SinksResult, interventions: Sequence[Intervention]) -> dict[str, float]:
     """Experiment 4's numbers of one model: its sink on text, and its positional spread across *random* sequences
     (on text every sequence starts with the same BOS)."""
     variance = measure(model, RandomTokens(cfg.init_sequences, cfg.seq_len, cfg.vocab, seed=7), [PositionalVariance()], interventions=interventions)

@@ -77,7 +77,7 @@ def load_gguf_offloaded(
         for each in tied.get(name, [name]):
             if _device_of(each, device_map) == "disk":
                 # one safetensors file per weight, as from_pretrained writes them: read back without a copy
-                file = Path(offload_folder) / f"{each}.safetensors"
+                file = Path(str(offload_folder)) / f"{each}.safetensors"  # set: checked where the map puts a module on disk
                 save_file({each: value.contiguous()}, str(file))
                 index[each] = {"safetensors_file": str(file), "weight_name": each, "dtype": str(value.dtype).removeprefix("torch.")}
 

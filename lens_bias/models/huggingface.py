@@ -313,7 +313,7 @@ def _hooked_from_hf(hf: Any, architecture: str, tokenizer: Any, model_name: str,
     from transformer_lens.pretrained import weight_conversions
 
     convert = getattr(weight_conversions, _HOOKED_CONVERTERS[architecture])
-    HookedTransformer, HookedTransformerConfig = tl.hooked_transformer_classes()  # type: ignore[misc]
+    HookedTransformer, HookedTransformerConfig = tl.hooked_classes()
     c = hf.config
     rope = getattr(c, "rope_parameters", None) or {}  # transformers 5 keeps rope_theta there
     d_head = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
@@ -357,7 +357,7 @@ def _hooked_by_name(hf: Any, official: str, tokenizer: Any, model_name: str, gpu
     sandwich norms are in it), with the weights of ``hf``, once its shape is checked to be that model's."""
     from transformer_lens.loading_from_pretrained import convert_hf_model_config
 
-    HookedTransformer, _ = tl.hooked_transformer_classes()  # type: ignore[misc]
+    HookedTransformer, _ = tl.hooked_classes()
     expected, c = convert_hf_model_config(official), hf.config  # a table entry: no network
     shape = {"d_model": c.hidden_size, "n_layers": c.num_hidden_layers, "n_heads": c.num_attention_heads,
              "d_mlp": c.intermediate_size, "d_head": getattr(c, "head_dim", None), "window_size": getattr(c, "sliding_window", None)}

@@ -46,7 +46,7 @@ def _installed_file(dist_name: str, file_name: str, version: str | None, pip: st
     if version is not None and dist.version != version:
         raise LensBiasError(f"{dist_name} {dist.version} is installed, but lens_bias verifies {version} only: run `{pip}`")
     matches = [f for f in dist.files or () if Path(str(f)).name == file_name]
-    path = Path(dist.locate_file(matches[0])) if matches else None
+    path = Path(str(dist.locate_file(matches[0]))) if matches else None
     if path is None or not path.is_file():
         raise LensBiasError(f"the {dist_name} distribution is installed but {file_name} is missing from it: reinstall with `{_forced(pip)}`")
     return path, matches[0]

@@ -112,7 +112,7 @@ class ModelSpec(Serialisable):
             family=family or ("bridge" if tl.tl_major() >= 4 else "hooked"), architecture=spec.arch, n_layers=spec.n_layers,
             d_model=spec.d_model, n_heads=spec.n_heads, d_head=spec.d_head, d_mlp=None if spec.attn_only else spec.d_mlp,
             d_vocab=spec.d_vocab, n_ctx=spec.n_ctx, act_fn=spec.act_fn, gated_mlp=arch.gated_mlp, normalization=arch.normalization,
-            positional_embedding=spec.positional_embedding, attn_only=spec.attn_only, device=str(torch.device(device)),
+            positional_embedding=str(spec.positional_embedding), attn_only=spec.attn_only, device=str(torch.device(device)),
             dtype=str(dtype).removeprefix("torch."), tl_version=tl.tl_version(), regime="init",
         )
 
@@ -126,7 +126,7 @@ def parse_model_spec(text: str) -> ModelSpec:
     'relu'
     """
     arch, _, rest = text.partition(":")
-    fields: dict[str, object] = {}
+    fields: dict[str, Any] = {}
     for item in filter(None, rest.split(",")):
         key, eq, value = (part.strip() for part in item.partition("="))
         name = _SPEC_KEYS.get(key, key)

@@ -87,7 +87,7 @@ class SinkAnatomy(Result):
         massive = self.onset_layer is not None
         dim = self.massive_dims[0]
         sinks = f"layers {_ranges(self.sink_layers) or 'none'} sink (≥ {SINK_LAYER_RATE:.0f}% of heads)"
-        if massive and self.sink_layers and self.sink_layers[0] < self.onset_layer:
+        if self.onset_layer is not None and self.sink_layers and self.sink_layers[0] < self.onset_layer:
             sinks += f"; from layer {self.sink_layers[0]}, before the onset at {self.onset_layer}"
             if self.rise_layer is not None:
                 sinks += f": dim {dim} already rises at layer {self.rise_layer} (|h_0| {self.rise_value:.3g}, {self.rise_ratio:.0f}× the median)"
@@ -109,7 +109,7 @@ class SinkAnatomy(Result):
         ]
         frame = pd.DataFrame(rows, columns=["link", "where", "measured"])
         if self.chain:
-            verdicts = {}
+            verdicts: dict[str, str] = {}
             for row in self.chain:  # the first condition of a link: the top candidate's
                 verdicts.setdefault(row["link"], f"{row['condition']}: {row['verdict']} ({row['sink_0']}, perplexity ×{row['ppl_ratio']:.3g})")
             sink_link = LEARNED_LINK if self.learned_sink_leads else "first-token privilege → sink"
@@ -248,7 +248,7 @@ def anatomy_of(sections: Results) -> SinkAnatomy | None:
     if neurons is None:
         assert massive is not None  # checked above: a mixture of experts' anatomy reads its massive activations
         return _per_expert_anatomy(massive, onset, common)
-    dims = (massive.dims(onset, positions=(0,)) if onset is not None else []) or [neurons.massive_dim]
+    dims = (massive.dims(onset, positions=(0,)) if massive is not None and onset is not None else []) or [neurons.massive_dim]
     value_by_layer = neurons.resid_at[:, dims[0]]
     peak = int(value_by_layer.argmax())
     ratio_by_layer = value_by_layer / neurons.massive_median

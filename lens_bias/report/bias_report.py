@@ -149,6 +149,7 @@ def analyze(
     if isinstance(attribution, SinkAttributionResult):
         results["sink_attribution"] = attribution
     elif attribution:
+        assert tokens is not None  # _check_run refused attribution on other inputs
         results["sink_attribution"] = sink_attribution(model, tokens, batch_size=batch_size, progress=progress)
     # the view's own pass of one sequence runs where it was asked for (by default: a whole report), on the unedited model
     if "sink_heads" in views and layout.draws_sink_heads and "sinks" in results and tokens is not None and not interventions:

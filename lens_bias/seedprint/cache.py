@@ -60,7 +60,7 @@ class FingerprintCache:
     """Fingerprints on disk, keyed by model content and input spec (``cache=False``: none)."""
 
     def __init__(self, folder: Union[str, Path, None, bool]):
-        self.folder = None if folder is False else Path(folder) if folder not in (None, True) else cache_dir() / "fingerprints"
+        self.folder = None if folder is False else Path(folder) if isinstance(folder, (str, Path)) else cache_dir() / "fingerprints"
 
     def path(self, key: str, spec: Mapping[str, Any]) -> Path | None:
         if self.folder is None:

@@ -205,7 +205,7 @@ def pairwise_lineage(
         res = lineage_test(prints[i], renamed.get((i, j), prints[j]), replace(testing, null=nulls.of(i, j)))
         tau[i, j] = tau[j, i] = res.tau_bar
         log10_p[i, j] = log10_p[j, i] = res.log10_p
-    adjusted_flat = adjust_p([10 ** log10_p[i, j].item() for i, j in pairs], correction) if pairs else []
+    adjusted_flat = [float(v) for v in adjust_p([10 ** log10_p[i, j].item() for i, j in pairs], correction)] if pairs else []
     adjusted, tested = torch.ones(size, size), torch.zeros(size, size, dtype=torch.bool)
     for (i, j), value in zip(pairs, adjusted_flat):
         adjusted[i, j] = adjusted[j, i] = float(value)
@@ -290,7 +290,7 @@ class _Run:
             else:
                 fp = self.store.load(key, self.spec) if key is not None else None
                 if fp is None:
-                    fp = _made(self.model(i), settings)
+                    fp = fingerprint(self.model(i), settings, progress=False)
                     if key is not None:
                         self.store.save(key, self.spec, fp)
                 prints.append(fp)
@@ -298,12 +298,6 @@ class _Run:
             seconds[self.names[i]] = time.perf_counter() - started
             self.loaded.pop(i, None)
         return prints, sketches, seconds
-
-
-def _made(model: Any, settings: FingerprintSettings) -> Fingerprint:
-    fp = fingerprint(model, settings, progress=False)
-    assert fp is not None  # only a distributed run hands ranks other than 0 no fingerprint
-    return fp
 
 
 @dataclass
@@ -348,9 +342,12 @@ def _renamed_prints(run: _Run, prints: Sequence[Fingerprint], sketches: Sequence
     made: dict[tuple[int, str], Fingerprint] = {}
     out: dict[tuple[int, int], Fingerprint] = {}
     for i, j in [(i, j) for i in range(len(prints)) for j in range(i + 1, len(prints))]:
-        if sketches[i] is None or sketches[j] is None or prints[i].d != prints[j].d or not is_renamed(sketches[i], sketches[j]):
+        sketch_a, sketch_b = sketches[i], sketches[j]
+        if sketch_a is None or sketch_b is None or prints[i].d != prints[j].d or not is_renamed(sketch_a, sketch_b):
             continue
-        ids = renamed_ids(sketches[i], sketches[j], regenerate_inputs(prints[i])[0:prints[i].n])
+        ids = renamed_ids(sketch_a, sketch_b, regenerate_inputs(prints[i])[0:prints[i].n])
+        if ids is None:  # is_renamed's sample matched, the whole table did not
+            continue
         digest = hashlib.sha256(ids.numpy().tobytes()).hexdigest()[:16]
         if (j, digest) not in made:
             started = time.perf_counter()
@@ -358,7 +355,7 @@ def _renamed_prints(run: _Run, prints: Sequence[Fingerprint], sketches: Sequence
             fp = run.store.load(key, renamed_spec) if key is not None else None
             if fp is None:
                 logger.info("%s reads %s's tokens under its renamed vocabulary", run.names[j], run.names[i])
-                fp = replace(_made(run.load(j), FingerprintSettings(inputs=ids)), inputs={**prints[i].inputs, "renamed": True})
+                fp = replace(fingerprint(run.load(j), FingerprintSettings(inputs=ids), progress=False), inputs={**prints[i].inputs, "renamed": True})
                 if key is not None:
                     run.store.save(key, renamed_spec, fp)
             made[(j, digest)] = fp
@@ -376,7 +373,7 @@ def _aligned_null(run: _Run, i: int, base: Fingerprint, n_null: int) -> Null:
         prints = []
         same = FingerprintSettings(n=base.n, seq_len=base.inputs["seq_len"], seed=base.inputs["seed"], vocab=base.inputs["vocab"])
         for s, fresh in zip(seeds, random_inits(run.model(i), seeds)):
-            fp = _made(fresh, same)
+            fp = fingerprint(fresh, same, progress=False)
             if key is not None:
                 run.store.save(f"{key}-init{s}", run.spec, fp)
             prints.append(fp)

@@ -20,7 +20,7 @@ import logging
 from dataclasses import asdict, dataclass, field
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any, ClassVar, Union
+from typing import Any, ClassVar, Literal, Union, overload
 
 import numpy as np
 import torch
@@ -165,6 +165,16 @@ class FingerprintSettings(Serialisable):
     dtype: torch.dtype | None = None  # run a copy in this dtype (None: the model's, but bfloat16 for float16, which overflows)
 
 
+@overload
+def fingerprint(
+    model: Any, settings: FingerprintSettings | None = None, *, progress: bool = True, distributed: Literal[False] = False, **overrides: Any
+) -> Fingerprint: ...
+
+
+@overload
+def fingerprint(model: Any, settings: FingerprintSettings | None = None, *, progress: bool = True, distributed: bool, **overrides: Any) -> Fingerprint | None: ...
+
+
 def fingerprint(
     model: Any, settings: FingerprintSettings | None = None, *, progress: bool = True, distributed: bool = False, **overrides: Any
 ) -> Fingerprint | None:
@@ -235,7 +245,10 @@ def _drawn_inputs(model: Any, s: FingerprintSettings, spec: Any) -> tuple[Inputs
     drawn = isinstance(inputs, str)
     described: dict[str, Any] = {"kind": given.kind, "n": given.n, "seq_len": given.seq_len, "seed": given.seed if drawn else None}
     if drawn:
-        described.update({"vocab": vocab} if given.kind == "tokens" else {"mean": data.mean, "std": data.std})
+        if isinstance(data, RandomEmbeddings):
+            described.update({"mean": data.mean, "std": data.std})
+        else:
+            described["vocab"] = vocab
     return data, described
 
 

@@ -91,7 +91,7 @@ class SeedPrintResult:
         verdict = "SAME lineage" if self.same_lineage else "no evidence of shared lineage"
         extra = f" ({self.reason})" if self.reason else ""
         kind = (self.null_settings or {}).get("kind")
-        rank = NULLS[kind].note(self.null_details) if self.null_details and kind in NULLS else ""
+        rank = NULLS[kind].note(self.null_details) if self.null_details and isinstance(kind, str) and kind in NULLS else ""
         aligned = f", {self.align} alignment fitted on {self.fit_rows} rows" if self.align else ""
         aligned += ", token inputs renamed to the suspect's vocabulary" if self.renamed_vocabulary else ""
         return (

@@ -129,7 +129,7 @@ class Null:
 
     def to_dict(self) -> dict[str, Any]:
         """The null's settings as plain values (what a result records)."""
-        return {"kind": self.kind, **{f.name: getattr(self, f.name) for f in fields(self)}}  # type: ignore[arg-type]
+        return {"kind": self.kind, **{f.name: getattr(self, f.name) for f in fields(self)}}  # type: ignore[arg-type]  # every Null is a dataclass
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], **objects: Any) -> "Null":
@@ -312,7 +312,7 @@ class SeedsNull(Null):
         if prints is None:
             if not isinstance(case.a, Fingerprint):
                 raise LensBiasError("SeedsNull() needs the base as a Fingerprint (to regenerate its inputs), or SeedsNull(fingerprints=...)")
-            avoid = {f.spec["seed"] for f in (case.a, case.b) if isinstance(f, Fingerprint) and f.spec}
+            avoid = sorted({f.spec["seed"] for f in (case.a, case.b) if isinstance(f, Fingerprint) and f.spec})
             prints = seed_null_fingerprints(case.a, n_null=self.n_null, factory=self.factory, first_seed=1_000_000 + self.seed, avoid=avoid, progress=case.progress)
         null = []
         for other in prints:

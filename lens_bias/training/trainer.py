@@ -30,7 +30,7 @@ from lens_bias.core.inputs import with_bos
 from lens_bias.core.probes import on_device
 from lens_bias.core.serialise import Serialisable
 from lens_bias.core.settings import overridden
-from lens_bias.hooks import Intervention, intervene
+from lens_bias.hooks.base import Intervention, intervene
 from lens_bias.models.checkpoints import save_checkpoint
 from lens_bias.models.init import REGIME
 from lens_bias.models.parameters import copy_model

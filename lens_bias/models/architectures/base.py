@@ -117,7 +117,7 @@ class Architecture:
 
     def build_hooked(self, spec: ModelSpec) -> Any:
         """A TL 3 ``HookedTransformer`` with ``spec``'s weights."""
-        HookedTransformer, HookedTransformerConfig = tl.hooked_transformer_classes()  # type: ignore[misc]
+        HookedTransformer, HookedTransformerConfig = tl.hooked_classes()
         cfg = HookedTransformerConfig(
             **tl_config(spec),
             **self.hooked_config(spec),

@@ -41,7 +41,8 @@ class GPT2(Architecture):
         )
         model = boot(cfg)
         if spec.positional_embedding == "none":
-            freeze_zero(model.original_model.pos.weight)
+            original: Any = model.original_model  # the bridged HF module: its attributes are its submodules
+            freeze_zero(original.pos.weight)
         return model
 
     def redraw_bridge(self, model: Any, spec: ModelSpec) -> None:
