@@ -140,12 +140,14 @@ def analyze(
     layout = Layout(adapter.info.regime)
     analyses, views, skipped = _planned(adapter, layout, sections)
     data, spec = resolve_inputs(inputs, model=model, d_vocab=adapter.info.d_vocab, n_sequences=n_sequences, seq_len=seq_len, seed=seed)
-    tokens = data.tensor() if isinstance(data, RandomTokens) else data if isinstance(data, torch.Tensor) and data.ndim == 2 else None
-    _check_run(spec, tokens, ablations, attribution, interventions)
+    token_inputs = isinstance(data, RandomTokens) or (isinstance(data, torch.Tensor) and data.ndim == 2)
+    _check_run(spec, token_inputs, ablations, attribution, interventions)
     records = edit_records(interventions)  # before the pass: an edit that cannot be recorded fails now
     results = run_analyses(adapter, data, spec, analyses, batch_size=batch_size, interventions=interventions, progress=progress)
     if ablations:
         results["ablations"] = ablate(model, inputs=data, batch_size=batch_size, progress=progress)
+    # drawn only now: a count the memory guard refuses was refused by the pass, after one batch
+    tokens = data.tensor() if isinstance(data, RandomTokens) else data if isinstance(data, torch.Tensor) and data.ndim == 2 else None
     if isinstance(attribution, SinkAttributionResult):
         results["sink_attribution"] = attribution
     elif attribution:
@@ -175,7 +177,7 @@ def _planned(adapter: ModelAdapter, layout: Layout, sections: Sequence[str] | No
     return analyses, views, skipped
 
 
-def _check_run(spec: InputSpec, tokens: Tensor | None, ablations: bool, attribution: Any, interventions: Sequence[Any]) -> None:
+def _check_run(spec: InputSpec, token_inputs: bool, ablations: bool, attribution: Any, interventions: Sequence[Any]) -> None:
     """Refuse inputs and options that cannot go together, before the pass."""
     if spec.n < 2:
         raise LensBiasError(f"analyze needs at least 2 sequences (cosines between sequences), got {spec.n}")
@@ -184,5 +186,5 @@ def _check_run(spec: InputSpec, tokens: Tensor | None, ablations: bool, attribut
     if (ablations or attribution) and interventions:
         raise LensBiasError("ablations=True and attribution=True run their own edits on the unedited model; for them under your edits "
                             "call lens_bias.ablate / sink_attribution with conditions={name: [*your_edits, ...]}")
-    if attribution and tokens is None:
+    if attribution and not token_inputs:
         raise LensBiasError("attribution=True measures token inputs (perplexity needs next tokens): pass inputs='text' or 'tokens'")
