@@ -188,6 +188,8 @@ def pairwise_lineage(
         raise LensBiasError(f"pairwise_lineage fingerprints drawn token inputs (settings.inputs='tokens'), got {prints_with.inputs!r}")
     if correction not in CORRECTIONS:
         raise LensBiasError(f"correction must be one of {CORRECTIONS}, got {correction!r}")
+    if testing.align == "auto":
+        raise LensBiasError("pairwise_lineage does not take align='auto' yet; compare(model_a, model_b, align='auto') does")
     check_align(testing.align)
     run = _Run.of(models, names, cache)
     if prints_with.vocab is None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 
 import pandas as pd
 from jaxtyping import Float
@@ -27,8 +27,10 @@ from torch import Tensor
 
 from lens_bias.core.adapter import ModelAdapter
 from lens_bias.core.errors import LensBiasError
+from lens_bias.core.inputs import RandomTokens
 from lens_bias.core.settings import overridden, route_keywords
 from lens_bias.seedprint.align import FIT_FRACTION, AlignMode, check_align, split_and_align
+from lens_bias.seedprint.correspondence import basis_map, token_map
 from lens_bias.seedprint.fingerprints import (
     FeaturesLike,
     Fingerprint,
@@ -77,6 +79,11 @@ class SeedPrintResult:
     align: AlignMode = None  # the alignment fitted before the test (None: the published test)
     fit_rows: int = 0  # rows the alignment was fitted on (the first ones); the test ran on the rest
     renamed_vocabulary: bool = False  # compare() found b's vocabulary to be a's renamed, and gave b the same tokens renamed
+    # With align="auto": where the token correspondence came from ("same", "tokenizer", "weights", "none"), the basis
+    # map fitted on the embedding tables (correspondence.BASIS_KINDS, or "none") and its relative residual.
+    token_source: str | None = None
+    basis_map: str | None = None
+    basis_fit: float | None = None
 
     @property
     def same_lineage(self) -> bool:
@@ -94,6 +101,8 @@ class SeedPrintResult:
         rank = NULLS[kind].note(self.null_details) if self.null_details and isinstance(kind, str) and kind in NULLS else ""
         aligned = f", {self.align} alignment fitted on {self.fit_rows} rows" if self.align else ""
         aligned += ", token inputs renamed to the suspect's vocabulary" if self.renamed_vocabulary else ""
+        if self.basis_map is not None:
+            aligned += f", auto: tokens {self.token_source}, basis {self.basis_map} (residual {self.basis_fit:.3g})"
         return (
             f"SeedPrint ({self.null} null{aligned}, {self.mode} identity dims, m {self.m}, k {self.k}, n {self.n}): "
             f"τ̄ = {self.tau_bar:.4f}, z = {self.z:.2f}, p = {self.p:.3g} (log10 {self.log10_p:.1f}{rank}) -> {verdict} at α = {self.alpha}{extra}"
@@ -115,7 +124,9 @@ class LineageSettings:
     # what τ̄ is judged against (None: the analytic null; pairwise_lineage with an alignment: a seeds null aligned alike)
     null: Null | None = None
     alpha: float = ALPHA  # significance level of the verdict: the papers'
-    align: AlignMode = None  # None: the published test; else the map fitted before it (lens_bias.seedprint.align)
+    # None: the published test; else the map fitted on the activations before it (lens_bias.seedprint.align); "auto"
+    # (compare only): the token and basis maps read from the two models' tokenizers and weights (correspondence)
+    align: AlignMode | Literal["auto"] = None
     fit_fraction: float = FIT_FRACTION  # share of the inputs (the first rows) an alignment is fitted on
 
     def to_dict(self) -> dict[str, Any]:
@@ -155,8 +166,11 @@ def lineage_test(a: FeaturesLike, b: FeaturesLike, settings: LineageSettings | N
         ``null_settings`` its ``to_dict()``.
     """
     s = overridden(LineageSettings, settings, overrides, "lineage_test()")
+    align = s.align
+    if align == "auto":
+        raise LensBiasError("align='auto' reads the two models' tokenizers and weights, which features do not hold: call compare(model_a, model_b, align='auto')")
     null, full_a, full_b, fit_rows, m = _checked(s, a, b)
-    n, mode, temperature, align = full_a.shape[0] - fit_rows, s.mode, s.temperature, s.align
+    n, mode, temperature = full_a.shape[0] - fit_rows, s.mode, s.temperature
     null.check(a, n)
 
     fa, fb = split_and_align(align, fit_rows, full_a, full_b)
@@ -242,9 +256,41 @@ def compare(
     drawn_tokens = isinstance(prints.inputs, str) and prints.inputs == "tokens"
     if prints.vocab is None and drawn_tokens:
         prints = replace(prints, vocab=min(info_a.d_vocab, info_b.d_vocab))
+    if testing.align == "auto":
+        return _auto(model_a, model_b, prints, testing, progress)
     fp_a = fingerprint(model_a, prints, progress=progress)
     fp_b = fingerprint_like(model_b, model_a, fp_a, prints, progress=progress) if drawn_tokens else fingerprint(model_b, prints, progress=progress)
     return replace(lineage_test(fp_a, fp_b, testing, progress=progress), renamed_vocabulary=bool(fp_b.inputs.get("renamed")))
+
+
+def _auto(model_a: Any, model_b: Any, prints: FingerprintSettings, testing: LineageSettings, progress: bool) -> SeedPrintResult:
+    """compare(align="auto"): the suspect reads the base's tokens under its own IDs and its features are mapped into
+    the base's basis, both maps read from the weights (:mod:`~lens_bias.seedprint.correspondence`); where neither
+    changes anything, this is the published test, to the same p."""
+    if prints.inputs != "tokens":
+        raise LensBiasError("align='auto' draws token inputs (inputs='tokens'): the token map is what it reads through")
+    tokens = token_map(model_a, model_b)
+    basis = basis_map(model_a, model_b, tokens)
+    published = replace(testing, align=None)
+    if tokens.source in ("same", "none") and basis.kind in ("identity", "none"):  # nothing to map: the published test
+        fp_a = fingerprint(model_a, prints, progress=progress)
+        result = lineage_test(fp_a, fingerprint(model_b, prints, progress=progress), published, progress=progress)
+    else:
+        vocab = prints.vocab if prints.vocab is not None else len(tokens.ids)
+        if tokens.renamed or bool((tokens.ids[:vocab] < 0).any()):  # the base's tokens the suspect has, each under its own ID
+            shared = tokens.shared
+            drawn = shared[RandomTokens(prints.n, prints.seq_len, len(shared), prints.seed).tensor()]
+            fp_a = fingerprint(model_a, prints, inputs=drawn, progress=progress)
+            fp_b = fingerprint(model_b, prints, inputs=tokens.ids[drawn], progress=progress)
+        else:
+            fp_a, fp_b = fingerprint(model_a, prints, progress=progress), fingerprint(model_b, prints, progress=progress)
+        if basis.kind in ("identity", "none"):
+            result = lineage_test(fp_a.features, fp_b.features, published, progress=progress)
+        else:  # the map holds before the final norm's gain, which a rotated basis folds into the unembedding
+            read_a = fp_a.normalized if fp_a.normalized is not None else fp_a.features
+            read_b = fp_b.normalized if fp_b.normalized is not None else fp_b.features
+            result = lineage_test(read_a, basis(read_b), published, progress=progress)
+    return replace(result, renamed_vocabulary=tokens.renamed, token_source=tokens.source, basis_map=basis.kind, basis_fit=basis.residual)
 
 
 def fingerprint_like(

@@ -18,9 +18,9 @@ from lens_bias.core.inputs import text_tokens
 from lens_bias.core.stats import auc
 from lens_bias.experiments import descendants as D
 from lens_bias.models import reparametrise as R
-from lens_bias.models.parameters import parameters
 from lens_bias.models import transforms as T
 from lens_bias.models.architectures.base import is_bias
+from lens_bias.models.parameters import parameters
 from lens_bias.seedprint.align import ALIGN_MODES
 from lens_bias.training import fine_tune
 from lens_bias.training.data import TokenData

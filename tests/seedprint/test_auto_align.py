@@ -1,0 +1,106 @@
+"""compare(align="auto"): the token and basis maps read from the weights see through function-preserving edits
+combined, find nothing between unrelated models, and leave the published test as it is where nothing was edited."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import pytest
+import torch
+
+import lens_bias
+from lens_bias import LensBiasError
+from lens_bias import seedprint as sp
+from lens_bias.core.corpora import prose
+from lens_bias.models.parameters import copy_model
+from lens_bias.models.reparametrise import permute_residual, rename_vocabulary, rotate_residual
+from lens_bias.models.transforms import quantize
+from lens_bias.seedprint import correspondence, lineage
+from lens_bias.training import TokenData, train
+
+SPEC = lens_bias.ModelSpec("llama", d_model=32, n_layers=2, n_heads=4, d_vocab=1200, n_ctx=16, seed=1)  # n <= V/4: the analytic null holds
+KW = dict(n=256, seq_len=8, m=16, progress=False)
+
+
+def _with_tokens_added(model, k: int = 16):
+    """``model`` with ``k`` new tokens at the end of its vocabulary (random rows): the same function on the old ones."""
+    spec = dataclasses.replace(model.lens_bias_spec, d_vocab=model.lens_bias_spec.d_vocab + k)
+    grown = lens_bias.random_init(spec)
+    state = grown.state_dict()
+    with torch.no_grad():
+        for name, value in model.state_dict().items():
+            target = state[name]
+            target[tuple(slice(0, s) for s in value.shape)] = value
+    grown.load_state_dict(state)
+    return grown
+
+
+@pytest.fixture(scope="module")
+def base():
+    return lens_bias.random_init(SPEC)
+
+
+@pytest.fixture(scope="module")
+def tuned(base):
+    data = TokenData.build(prose(), vocab_size=SPEC.d_vocab, seq_len=8)
+    model = copy_model(base)
+    train(model, data, steps=20, batch_size=8, lr=1e-3, progress=False)
+    return model
+
+
+BASES = {"kept": lambda m: m, "permuted": lambda m: permute_residual(m, seed=2), "rotated": lambda m: rotate_residual(m, seed=2)}
+VOCABS = {"kept": lambda m: m, "renamed": lambda m: rename_vocabulary(m, seed=3), "renamed + 16": lambda m: _with_tokens_added(rename_vocabulary(m, seed=3))}
+WEIGHTS = ("as they are", "4-bit", "fine-tuned")
+
+
+@pytest.mark.parametrize("basis, vocab, weights", list(itertools.product(BASES, VOCABS, WEIGHTS)))
+def test_every_combination_of_edits_is_found_and_the_control_is_not(base, tuned, basis, vocab, weights):
+    start = tuned if weights == "fine-tuned" else base
+    suspect = VOCABS[vocab](BASES[basis](start))
+    if weights == "4-bit":  # after the disguise, as rotation-based quantisation ships it
+        suspect = quantize(suspect, 4)
+    result = sp.compare(base, suspect, align="auto", **KW)
+    assert result.same_lineage and result.log10_p < -10, str(result)
+    assert result.basis_map == ("identity" if basis == "kept" else {"permuted": "permutation", "rotated": "orthogonal"}[basis]) or (
+        weights != "as they are" and result.basis_map in ("orthogonal", "linear"))  # an edit of the weights may need the wider map
+    assert result.renamed_vocabulary == (vocab != "kept")
+    control = sp.compare(base, VOCABS[vocab](BASES[basis](lens_bias.random_init(dataclasses.replace(SPEC, seed=99)))), align="auto", **KW)
+    assert not control.same_lineage and control.basis_map == "none" and control.token_source in ("none", "same"), str(control)
+
+
+def test_with_nothing_to_map_auto_is_the_published_test(base, tuned):
+    for suspect in (base, tuned, quantize(base, 4), lens_bias.random_init(dataclasses.replace(SPEC, seed=7))):
+        auto, published = sp.compare(base, suspect, align="auto", **KW), sp.compare(base, suspect, **KW)
+        assert (auto.p, auto.tau_bar, auto.identity_dims) == (published.p, published.tau_bar, published.identity_dims)
+        assert auto.basis_map in ("identity", "none") and auto.token_source in ("same", "none")
+
+
+def test_each_part_of_the_pipeline_is_needed(base, monkeypatch):
+    disguised = rename_vocabulary(rotate_residual(base, seed=2), seed=3)
+    assert sp.compare(base, disguised, align="auto", **KW).same_lineage
+    assert sp.compare(base, disguised, **KW).log10_p > -10  # the published test alone: the case fails
+    for part, off in (("token_map", lambda a, b: correspondence.TokenMap(torch.arange(SPEC.d_vocab), "same")),
+                      ("basis_map", lambda a, b, tokens: correspondence.BasisMap("identity", None, 0.0))):
+        with monkeypatch.context() as patch:
+            patch.setattr(lineage, part, off)
+            assert sp.compare(base, disguised, align="auto", **KW).log10_p > -10, part  # the case fails without it
+
+
+def test_the_maps_are_read_from_the_weights(base):
+    disguised = rename_vocabulary(permute_residual(base, seed=2), seed=3)
+    tokens = correspondence.token_map(base, disguised)
+    assert tokens.source == "weights" and torch.equal(tokens.ids, disguised.lens_bias_vocabulary)
+    basis = correspondence.basis_map(base, disguised, tokens)
+    assert basis.kind == "permutation" and basis.residual < 1e-6
+    # the map takes the suspect's embedding into the base's: row for row, the base's table
+    torch.testing.assert_close(basis(disguised.W_E.detach()[tokens.ids].double()).float(), base.W_E.detach(), atol=1e-5, rtol=1e-5)
+    unrelated = lens_bias.random_init(dataclasses.replace(SPEC, seed=5))
+    assert correspondence.token_map(base, unrelated).source == "none"
+    assert correspondence.basis_map(base, unrelated, correspondence.TokenMap(torch.arange(SPEC.d_vocab), "same")).kind == "none"
+
+
+def test_auto_needs_the_models():
+    features = torch.randn(64, 8)
+    with pytest.raises(LensBiasError, match="call compare"):
+        sp.lineage_test(features, features, align="auto")
