@@ -45,7 +45,7 @@ from torch import Tensor
 
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.stats import unit
-from lens_bias.seedprint.vocabulary import MATCH_COSINE, SAME_TABLE
+from lens_bias.seedprint.vocabulary import MATCH_COSINE, SAME_TABLE, nearest_rows
 
 __all__ = ["TokenMap", "BasisMap", "token_map", "basis_map", "FIT", "BASIS_KINDS"]
 
@@ -162,17 +162,6 @@ def _neighbourhoods(table: Tensor, k: int) -> Tensor:
     return torch.cat([norms[:, None], torch.cat(top), norms[index]], dim=1)
 
 
-def _nearest(rows: Tensor, table: Tensor) -> tuple[Tensor, Tensor]:
-    """(best cosine, index of the best row of ``table``) for each of ``rows`` (unit rows), in blocks."""
-    block = max(1, _BLOCK_BYTES // (4 * table.shape[0]))
-    best, where = [], []
-    for start in range(0, rows.shape[0], block):
-        values, index = (rows[start:start + block] @ table.T).max(dim=1)
-        best.append(values)
-        where.append(index)
-    return torch.cat(best), torch.cat(where)
-
-
 def _procrustes(a: Tensor, b: Tensor) -> Tensor:
     """The orthogonal Q minimising ‖(b − mean b)·Q − (a − mean a)‖."""
     ca, cb = a.double() - a.double().mean(0), b.double() - b.double().mean(0)
@@ -197,10 +186,10 @@ def _match_rows(table_a: Tensor, table_b: Tensor, seed: int) -> Int[Tensor, "v_a
         centre, spread = described_a.mean(dim=0), described_a.std(dim=0).clamp_min(1e-12)
         start = _closest((described_a[fit_rows] - centre) / spread, (described_b - centre) / spread)
         mapped = unit(table_b @ _refined(table_a, table_b, fit_rows, start))
-        cosine, _ = _nearest(unit_a[judged], mapped)
+        cosine, _ = nearest_rows(unit_a[judged], mapped)
         if (cosine >= MATCH_COSINE).float().mean().item() >= SAME_TABLE:
             logger.info("the suspect's embedding rows are the base's under a basis map and a renaming: tokens follow them")
-            return _nearest(unit_a, mapped)[1]
+            return nearest_rows(unit_a, mapped)[1]
     return None
 
 
@@ -220,8 +209,8 @@ def _refined(table_a: Tensor, table_b: Tensor, rows: Tensor, matched: Tensor) ->
     for _ in range(_ROUNDS):
         q = _procrustes(table_a[rows[keep]], table_b[matched[keep]]).float()
         mapped = unit(table_b @ q)
-        _, again = _nearest(unit_rows, mapped)
-        _, back = _nearest(mapped[again], unit_rows)
+        _, again = nearest_rows(unit_rows, mapped)
+        _, back = nearest_rows(mapped[again], unit_rows)
         keep = (back == torch.arange(len(rows))).nonzero().flatten()  # pairs each other's nearest
         if torch.equal(again, matched) or len(keep) < 2:
             break

@@ -34,7 +34,7 @@ from torch import Tensor
 
 from lens_bias.core.stats import unit
 
-__all__ = ["renamed_tokens", "renamed_ids", "is_renamed", "embedding_sketch", "MATCH_COSINE", "SAME_TABLE", "SKETCH_DIMS"]
+__all__ = ["renamed_tokens", "renamed_ids", "is_renamed", "embedding_sketch", "nearest_rows", "MATCH_COSINE", "SAME_TABLE", "SKETCH_DIMS"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ def _unit_rows(model: Any) -> Tensor:
     return unit(model.W_E.detach().cpu())
 
 
-def _nearest(rows: Tensor, table: Tensor) -> tuple[Tensor, Tensor]:
+def nearest_rows(rows: Tensor, table: Tensor) -> tuple[Tensor, Tensor]:
     """(best cosine, index of the best row of ``table``) for each of ``rows``, in blocks that fit the budget."""
     block = max(1, _BLOCK_BYTES // (4 * table.shape[0]))
     rows, table = rows.float(), table.float()
@@ -91,7 +91,7 @@ def is_renamed(table_a: Float[Tensor, "v_a d"], table_b: Float[Tensor, "v_b d"],
     if table_a.shape[1] != table_b.shape[1]:
         return False
     sample = torch.randperm(table_a.shape[0], generator=torch.Generator().manual_seed(seed))[:_SAMPLE]
-    cosine, where = _nearest(table_a[sample], table_b)
+    cosine, where = nearest_rows(table_a[sample], table_b)
     matched = (cosine >= MATCH_COSINE).float().mean().item()
     in_place = (where == sample).float().mean().item()
     if matched < SAME_TABLE or in_place >= SAME_TABLE:
@@ -119,7 +119,7 @@ def renamed_ids(
     if not is_renamed(table_a, table_b, seed=seed):
         return None
     unique, inverse = torch.unique(tokens, return_inverse=True)
-    return _nearest(table_a[unique], table_b)[1][inverse].view_as(tokens)
+    return nearest_rows(table_a[unique], table_b)[1][inverse].view_as(tokens)
 
 
 def renamed_tokens(model_a: Any, model_b: Any, tokens: Int[Tensor, "n seq"], *, seed: int = 0) -> Int[Tensor, "n seq"] | None:
