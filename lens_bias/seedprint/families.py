@@ -21,10 +21,7 @@ fingerprinted on the same inputs and cached like the models.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence, Union
@@ -35,30 +32,22 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from lens_bias.core.adapter import ModelAdapter
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.figures import new_figure
-from lens_bias.core.files import atomic_write_text
 from lens_bias.core.serialise import Serialisable
 from lens_bias.core.settings import overridden, route_keywords
 from lens_bias.core.stats import adjust_p, detection_metrics
-from lens_bias.models import load_model
-from lens_bias.models.transforms import random_inits
 from lens_bias.seedprint.align import AlignMode, check_align
-from lens_bias.seedprint.cache import FingerprintCache, content_key, expand_models, fingerprint_file
-from lens_bias.seedprint.fingerprints import Fingerprint, FingerprintSettings, fingerprint, regenerate_inputs
+from lens_bias.seedprint.fingerprints import Fingerprint, FingerprintSettings
 from lens_bias.seedprint.lineage import LineageSettings, lineage_test
-from lens_bias.seedprint.nulls import AnalyticNull, Null, SeedsNull
-from lens_bias.seedprint.vocabulary import is_renamed, renamed_ids
+from lens_bias.seedprint.lineage_run import LineageRun, PairNulls, renamed_prints
+from lens_bias.seedprint.nulls import AnalyticNull
 
 __all__ = ["pairwise_lineage", "LineageMatrix", "CORRECTIONS", "PAIRWISE"]
 
 logger = logging.getLogger(__name__)
 
 CORRECTIONS = ("holm", "bh")
-_NULL_FIRST_SEED = 1_000_000  # fresh inits of the null: seeds clear of those models are built with
-
-
 @dataclass
 class LineageMatrix(Serialisable):
     """Every pair's lineage test, adjusted for testing them all, the families, and (with labels) the metrics."""
@@ -191,12 +180,12 @@ def pairwise_lineage(
     if testing.align == "auto":
         raise LensBiasError("pairwise_lineage does not take align='auto' yet; compare(model_a, model_b, align='auto') does")
     check_align(testing.align)
-    run = _Run.of(models, names, cache)
+    run = LineageRun.of(models, names, cache)
     if prints_with.vocab is None:
         prints_with = replace(prints_with, vocab=min(run.vocab(i) for i in range(run.size)))
     prints, sketches, seconds = run.fingerprints(prints_with, progress)
-    renamed = _renamed_prints(run, prints, sketches, seconds)
-    nulls = _Nulls(testing, n_null, null_fingerprints, run, prints)
+    renamed = renamed_prints(run, prints, sketches, seconds)
+    nulls = PairNulls(testing, n_null, null_fingerprints, run, prints)
     size = run.size
     tau, log10_p = torch.full((size, size), float("nan")), torch.zeros(size, size)
     # models of different widths cannot share an init: such pairs are not tested (p 1, τ̄ NaN) and not counted
@@ -225,161 +214,12 @@ def pairwise_lineage(
     )
 
 
-@dataclass
-class _Run:
-    """The models of one lineage run: each loaded when first needed, once, and known by the hash of its content."""
-
-    sources: list[Any]  # MODEL strings (a fingerprint file's name already read), models or fingerprints
-    names: list[str]
-    keys: list[str | None]  # the content key of each MODEL string
-    store: FingerprintCache
-    spec: dict[str, Any] = field(default_factory=dict)  # the fingerprints' input spec, set by fingerprints()
-    loaded: dict[int, Any] = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, models: Sequence[Any], names: Sequence[str] | None, cache: Union[str, Path, bool, None]) -> "_Run":
-        sources = expand_models(list(models)) if all(isinstance(x, str) for x in models) else list(models)
-        if len(sources) < 2:
-            raise LensBiasError(f"lineage needs at least 2 models, got {len(sources)}")
-        names = [str(x) if isinstance(x, str) else f"model {i}" for i, x in enumerate(sources)] if names is None else list(names)
-        if len(names) != len(sources) or len(set(names)) != len(names):
-            raise LensBiasError(f"names must be {len(sources)} distinct strings, one per model")
-        sources = [fingerprint_file(x) or x if isinstance(x, str) else x for x in sources]
-        return cls(sources, names, [content_key(x) if isinstance(x, str) else None for x in sources], FingerprintCache(cache))
-
-    @property
-    def size(self) -> int:
-        return len(self.sources)
-
-    def load(self, i: int) -> Any:
-        """Model i, loaded anew (the caller frees it)."""
-        return load_model(self.sources[i]) if isinstance(self.sources[i], str) else self.sources[i]
-
-    def model(self, i: int) -> Any:
-        """Model i, loaded once for its fingerprint, its sketch and its vocabulary."""
-        if i not in self.loaded:
-            self.loaded[i] = self.load(i)
-        return self.loaded[i]
-
-    def vocab(self, i: int) -> int:
-        """Model i's vocabulary size: a fingerprint's record, or the card in the cache (so a cached model is not loaded)."""
-        x, key = self.sources[i], self.keys[i]
-        if isinstance(x, Fingerprint):
-            return int(x.inputs.get("vocab") or x.model["d_vocab"])
-        card = self.store.folder / f"{key}.json" if self.store.folder is not None and key is not None else None
-        if card is not None and card.exists():
-            return int(json.loads(card.read_text())["d_vocab"])
-        d_vocab = ModelAdapter(self.model(i)).info.d_vocab
-        if card is not None:
-            card.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(card, json.dumps({"d_vocab": d_vocab}))
-        return d_vocab
-
-    def fingerprints(self, settings: FingerprintSettings, progress: bool) -> tuple[list[Fingerprint], list[Tensor | None], dict[str, float]]:
-        """Every model's fingerprint (from the cache where it is there), its embedding sketch (which vocabularies are
-        another's renamed) and the seconds it took; one model in memory at a time."""
-        self.spec = {"inputs": "tokens", "n": settings.n, "seq_len": settings.seq_len, "seed": settings.seed, "vocab": settings.vocab}
-        if settings.dtype is not None:
-            self.spec["dtype"] = str(settings.dtype)
-        prints: list[Fingerprint] = []
-        sketches: list[Tensor | None] = []
-        seconds: dict[str, float] = {}
-        for i in tqdm(range(self.size), desc="fingerprints", disable=not progress):
-            started, x, key = time.perf_counter(), self.sources[i], self.keys[i]
-            if isinstance(x, Fingerprint):
-                prints.append(x)
-                sketches.append(None)
-            else:
-                fp = self.store.load(key, self.spec) if key is not None else None
-                if fp is None:
-                    fp = fingerprint(self.model(i), settings, progress=False)
-                    if key is not None:
-                        self.store.save(key, self.spec, fp)
-                prints.append(fp)
-                sketches.append(self.store.sketch(key, lambda: self.model(i)))
-            seconds[self.names[i]] = time.perf_counter() - started
-            self.loaded.pop(i, None)
-        return prints, sketches, seconds
-
-
-@dataclass
-class _Nulls:
-    """The null each pair is judged against: the test's own, the analytic one, or with an alignment a seeds null of
-    the base's configuration (made when first needed, one per base)."""
-
-    test: LineageSettings
-    n_null: int
-    null_fingerprints: Sequence[Fingerprint]
-    run: _Run
-    prints: list[Fingerprint]
-    made: dict[int, Null] = field(default_factory=dict)
-
-    def of(self, i: int, j: int) -> Null:
-        if self.test.null is not None or self.test.align is None:
-            return self.test.null if self.test.null is not None else AnalyticNull()
-        if isinstance(self.run.sources[i], Fingerprint):  # no model to re-initialise: the given fingerprints of its width
-            tested = [self.prints[i], self.prints[j]]
-            pool = [fp for fp in self.null_fingerprints if fp.d == self.prints[i].d and not any(torch.equal(fp.features, t.features) for t in tested)]
-            if len(pool) < 2:
-                raise LensBiasError(f"an aligned test of the saved fingerprint {self.run.names[i]} needs a seeds null of its width ({self.prints[i].d}): "
-                                    "pass null_fingerprints= (lens-bias lineage --null-fingerprints), e.g. the random inits lens-bias descendants --out saved")
-            return SeedsNull(fingerprints=pool, label="the given fingerprints of its width")
-        if i not in self.made:
-            self.made[i] = _aligned_null(self.run, i, self.prints[i], self.n_null)
-        return self.made[i]
-
-
 def _inputs_record(sources: Sequence[Any], prints: Sequence[Fingerprint], spec: Mapping[str, Any]) -> dict[str, Any]:
     """What the fingerprints were made from: the spec, or a saved fingerprint's own record when one was given."""
     given = next((fp for x, fp in zip(sources, prints) if isinstance(x, Fingerprint)), None)
     if given is None:
         return {"kind": "tokens", **spec}
     return {key: given.inputs.get(key) for key in ("kind", "n", "seq_len", "seed", "vocab")}
-
-
-def _renamed_prints(run: _Run, prints: Sequence[Fingerprint], sketches: Sequence[Tensor | None], seconds: dict[str, float]) -> dict[tuple[int, int], Fingerprint]:
-    """For each pair (i, j) where j's vocabulary is i's renamed, j's fingerprint on i's tokens under j's IDs, so that a
-    renaming, which leaves a model the same on text, cannot hide a descendant. One fingerprint per model and renaming
-    (the models that share i's token order share it), cached under the model's key and the renamed IDs' digest."""
-    made: dict[tuple[int, str], Fingerprint] = {}
-    out: dict[tuple[int, int], Fingerprint] = {}
-    for i, j in [(i, j) for i in range(len(prints)) for j in range(i + 1, len(prints))]:
-        sketch_a, sketch_b = sketches[i], sketches[j]
-        if sketch_a is None or sketch_b is None or prints[i].d != prints[j].d or not is_renamed(sketch_a, sketch_b):
-            continue
-        ids = renamed_ids(sketch_a, sketch_b, regenerate_inputs(prints[i])[0:prints[i].n])
-        if ids is None:  # is_renamed's sample matched, the whole table did not
-            continue
-        digest = hashlib.sha256(ids.numpy().tobytes()).hexdigest()[:16]
-        if (j, digest) not in made:
-            started = time.perf_counter()
-            renamed_spec, key = {**run.spec, "renamed_ids": digest}, run.keys[j]
-            fp = run.store.load(key, renamed_spec) if key is not None else None
-            if fp is None:
-                logger.info("%s reads %s's tokens under its renamed vocabulary", run.names[j], run.names[i])
-                fp = replace(fingerprint(run.load(j), FingerprintSettings(inputs=ids), progress=False), inputs={**prints[i].inputs, "renamed": True})
-                if key is not None:
-                    run.store.save(key, renamed_spec, fp)
-            made[(j, digest)] = fp
-            seconds[run.names[j]] += time.perf_counter() - started
-        out[(i, j)] = made[(j, digest)]
-    return out
-
-
-def _aligned_null(run: _Run, i: int, base: Fingerprint, n_null: int) -> Null:
-    """A seeds null of ``n_null`` random inits of model i's configuration on its inputs (cached with the model)."""
-    seeds, key = range(_NULL_FIRST_SEED, _NULL_FIRST_SEED + n_null), run.keys[i]
-    cached = [run.store.load(f"{key}-init{s}", run.spec) if key is not None else None for s in seeds]
-    prints = [fp for fp in cached if fp is not None]
-    if len(prints) < n_null:
-        prints = []
-        same = FingerprintSettings(n=base.n, seq_len=base.inputs["seq_len"], seed=base.inputs["seed"], vocab=base.inputs["vocab"])
-        for s, fresh in zip(seeds, random_inits(run.model(i), seeds)):
-            fp = fingerprint(fresh, same, progress=False)
-            if key is not None:
-                run.store.save(f"{key}-init{s}", run.spec, fp)
-            prints.append(fp)
-    return SeedsNull(fingerprints=prints, label=f"{n_null} random inits of its configuration")
 
 
 def _labels(labels: Union[Sequence[str], Mapping[str, str], None], names: Sequence[str]) -> list[str] | None:
