@@ -8,7 +8,9 @@
    vectorised τ-b on CUDA (target >= 10); scipy's own loop on CPU, where it is the faster exact one (target >= 1);
 4. peak memory of fingerprinting N = 2000 / N = 200 inputs, each in a fresh process (target <= 1.2);
 5. a bare scipy ``kendalltau`` loop over the columns the lineage test correlates (N × k softmaxed features) / the
-   whole ``lineage_test`` on those features (target >= 0.9: the test is never much slower than what it wraps).
+   whole ``lineage_test`` on those features (target >= 0.9: the test is never much slower than what it wraps);
+6. ``compare(align="auto")`` / the published ``compare`` at equal N, on a descendant that needs no alignment (the
+   model against its 4-bit copy): the token and basis maps read from the weights (target <= 1.3).
 
     python benchmarks/bench_seedprint.py                       # CPU defaults: llama d 256, 4 layers, V 8000
     python benchmarks/bench_seedprint.py --device cuda --dtype bfloat16 --d-model 768 --n-layers 12 \\
@@ -33,7 +35,8 @@ from scipy.stats import kendalltau
 import lens_bias
 from lens_bias.core.stats import kendall_tau_b
 from lens_bias.extend import ModelAdapter
-from lens_bias.seedprint import fingerprint, lineage_test
+from lens_bias.models.transforms import quantize
+from lens_bias.seedprint import compare, fingerprint, lineage_test
 
 TEMPERATURE = 10.0  # lineage_test's default
 
@@ -125,6 +128,11 @@ def main() -> None:
     t_bare = timed(bare_loop, args.repeats)
     t_lineage = timed(lambda: lineage_test(fa, fb, m=args.kendall_k, mode="base", temperature=TEMPERATURE), args.repeats)
 
+    quantised = quantize(model, 4)
+    t_published = timed(lambda: compare(model, quantised, n=args.n, seq_len=args.seq_len, batch_size=args.batch_size, progress=False), args.repeats)
+    t_auto = timed(lambda: compare(model, quantised, n=args.n, seq_len=args.seq_len, batch_size=args.batch_size, align="auto", progress=False),
+                   args.repeats)
+
     peaks = {}
     for n in (200, 2000):
         cmd = [sys.executable, __file__, "--peak-only", *(["--model", args.model] if args.model else []), "--n", str(n), "--d-model", str(args.d_model), "--n-layers", str(args.n_layers),
@@ -148,6 +156,7 @@ def main() -> None:
     print(f"scipy loop / kendall_tau_b: {t_scipy / t_kendall:.2f} (target {'>= 10' if args.device.startswith('cuda') else '>= 1'})")
     print(f"peak memory N 2000 / N 200:     {peaks[2000] / peaks[200]:.2f} (target <= 1.2)")
     print(f"scipy loop / lineage_test: {t_bare / t_lineage:.2f} (target >= 0.9; the loop {t_bare:.3f} s, the test {t_lineage:.3f} s, CPU)")
+    print(f"compare auto / published:  {t_auto / t_published:.2f} (target <= 1.3; {t_auto:.3f} s against {t_published:.3f} s, a 4-bit descendant)")
 
 
 if __name__ == "__main__":

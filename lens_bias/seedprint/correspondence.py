@@ -138,11 +138,13 @@ def token_map(base: Any, suspect: Any, *, seed: int = 0) -> TokenMap:
                 ids[i] = j
         source: Literal["same", "tokenizer"] = "same" if bool((ids[ids >= 0] == (ids >= 0).nonzero().flatten()).all()) else "tokenizer"
         return TokenMap(ids, source)
+    identity = torch.arange(v_a)
+    identity[identity >= table_b.shape[0]] = -1
+    if _one_table(table_a, table_b, identity, seed):  # the cheap check first: most suspects keep their token order
+        return TokenMap(identity, "same")
     matched = _match_rows(table_a, table_b, seed)
     if matched is None:
-        identity = torch.arange(v_a)
-        identity[identity >= table_b.shape[0]] = -1
-        return TokenMap(identity, "same" if _one_table(table_a, table_b, identity, seed) else "none")
+        return TokenMap(identity, "none")
     return TokenMap(matched, "same" if bool((matched == torch.arange(v_a)).all()) else "weights")
 
 
