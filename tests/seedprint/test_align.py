@@ -149,7 +149,7 @@ def test_lineage_across_models_with_a_cache_labels_and_families(tmp_path, monkey
     assert families["metrics"]["auc"] == 1.0 and families["metrics"]["positives"] == 3 and len(pairs) == 10
     assert (tmp_path / "out" / "lineage.png").exists()
     # a re-run reads every fingerprint (and the aligned null's) from the cache: no model is loaded
-    monkeypatch.setattr("lens_bias.seedprint.families.load_model", lambda text: pytest.fail(f"loaded {text} again"))
+    monkeypatch.setattr("lens_bias.seedprint.lineage_run.load_model", lambda text: pytest.fail(f"loaded {text} again"))
     again = sp.pairwise_lineage(names, labels=[labels[n.rsplit("/", 1)[-1]] for n in names], align="orthogonal", n=400, seq_len=16, m=32,
                                 cache=tmp_path / "cache", progress=False)
     assert again.families == families["families"] and all(s < 5 for s in again.seconds.values())
@@ -199,7 +199,7 @@ def test_a_renamed_vocabulary_does_not_evade_lineage(tmp_path, monkeypatch):
         assert not row.renamed_vocabulary and not row.related and abs(row.tau_bar) < 0.2, row
     assert [len(f) for f in result.families] == [3, 1]
     # the renamed fingerprints are cached too: a re-run loads no model and finds the same
-    monkeypatch.setattr("lens_bias.seedprint.families.load_model", lambda text: pytest.fail(f"loaded {text} again"))
+    monkeypatch.setattr("lens_bias.seedprint.lineage_run.load_model", lambda text: pytest.fail(f"loaded {text} again"))
     again = sp.pairwise_lineage([str(folder)], **kw)
     assert again.renamed == result.renamed and torch.equal(again.tau_bar.nan_to_num(), result.tau_bar.nan_to_num())
 
