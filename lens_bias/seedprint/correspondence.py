@@ -123,13 +123,15 @@ def token_map(base: Any, suspect: Any, *, seed: int = 0) -> TokenMap:
         seed: which rows are sampled to match and to judge the match.
 
     Returns:
-        A :class:`TokenMap`: from the tokenizers' strings where both models carry one; else from the embedding rows
-        (``source="weights"``) when they are one table up to a basis map and a renaming; ``source="same"`` (the
-        identity) where neither finds a renaming; ``source="none"`` where the rows match nothing.
+        A :class:`TokenMap`: from the tokenizers' strings where both models carry one and the rows they pair agree
+        (up to a basis map); else from the embedding rows (``source="weights"``) when they are one table up to a
+        basis map and a renaming; ``source="same"`` (the identity) where the kept order agrees; where the rows match
+        nothing, the tokenizers' map, or the identity with ``source="none"``.
     """
     table_a, table_b = _table(base), _table(suspect)
     words_a, words_b = _vocabulary(base), _vocabulary(suspect)
     v_a = table_a.shape[0]
+    by_words = None
     if words_a is not None and words_b is not None:
         ids = torch.full((v_a,), -1, dtype=torch.long)
         for word, i in words_a.items():
@@ -137,14 +139,17 @@ def token_map(base: Any, suspect: Any, *, seed: int = 0) -> TokenMap:
             if j is not None and i < v_a and j < table_b.shape[0]:
                 ids[i] = j
         source: Literal["same", "tokenizer"] = "same" if bool((ids[ids >= 0] == (ids >= 0).nonzero().flatten()).all()) else "tokenizer"
-        return TokenMap(ids, source)
+        by_words = TokenMap(ids, source)
+        # trusted where the rows it pairs agree; a copy renamed without its tokenizer, for one, is read from its rows
+        if _one_table(table_a, table_b, ids, seed):
+            return by_words
     identity = torch.arange(v_a)
     identity[identity >= table_b.shape[0]] = -1
     if _one_table(table_a, table_b, identity, seed):  # the cheap check first: most suspects keep their token order
         return TokenMap(identity, "same")
     matched = _match_rows(table_a, table_b, seed)
-    if matched is None:
-        return TokenMap(identity, "none")
+    if matched is None:  # the rows tell nothing: the tokenizers' word, where there is one
+        return by_words if by_words is not None else TokenMap(identity, "none")
     return TokenMap(matched, "same" if bool((matched == torch.arange(v_a)).all()) else "weights")
 
 

@@ -104,3 +104,15 @@ def test_auto_needs_the_models():
     features = torch.randn(64, 8)
     with pytest.raises(LensBiasError, match="call compare"):
         sp.lineage_test(features, features, align="auto")
+
+
+def test_tokenizers_give_the_map_where_they_agree_with_the_rows(base, monkeypatch):
+    renamed = rename_vocabulary(rotate_residual(base, seed=2), seed=3)
+    words = {id(base): {f"token {i}": i for i in range(SPEC.d_vocab)}}  # what get_vocab() gives: string -> ID
+    monkeypatch.setattr(correspondence, "_vocabulary", lambda model: words.get(id(model)))
+    words[id(renamed)] = words[id(base)]  # a renamed copy that kept the base's tokenizer
+    assert correspondence.token_map(base, renamed).source == "weights"  # the rows overrule a tokenizer that does not fit them
+    words[id(renamed)] = {f"token {i}": int(j) for i, j in enumerate(renamed.lens_bias_vocabulary)}  # its tokenizer renamed alike
+    tokens = correspondence.token_map(base, renamed)
+    assert tokens.source == "tokenizer" and torch.equal(tokens.ids, renamed.lens_bias_vocabulary)
+    assert sp.compare(base, renamed, align="auto", **KW).log10_p < -10
