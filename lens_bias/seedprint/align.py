@@ -36,7 +36,7 @@ from torch import Tensor
 
 from lens_bias.core.errors import LensBiasError
 
-__all__ = ["ALIGN_MODES", "AlignMode", "check_align", "fit", "split_and_align", "FIT_FRACTION"]
+__all__ = ["ALIGN_MODES", "AlignMode", "check_align", "fit", "map_matrix", "split_and_align", "FIT_FRACTION"]
 
 AlignMode = Optional[Literal["permutation", "orthogonal", "linear"]]
 """An alignment mode; None is the published test (no alignment)."""
@@ -64,8 +64,35 @@ _RIDGE = 1e-6
 Aligner = Callable[[Float[Tensor, "n d"]], Float[Tensor, "n d"]]
 
 
+def map_matrix(mode: AlignMode, base: Float[Tensor, "n d"], suspect: Float[Tensor, "n d"]) -> Float[Tensor, "d d"]:
+    """The matrix ``M`` (float64) with ``suspect @ M ≈ base``, fitted on these rows: a one-hot matching of dimensions
+    ("permutation"), orthogonal Procrustes on the centred rows ("orthogonal") or least squares with a small ridge
+    ("linear"). What :func:`fit` applies to features, and what the weight-fitted maps of
+    :mod:`~lens_bias.seedprint.correspondence` apply to embedding tables.
+    """
+    check_align(mode)
+    if mode is None:
+        raise LensBiasError("fit needs a map to fit: 'permutation', 'orthogonal' or 'linear' (None is the published test, which fits none)")
+    if base.shape != suspect.shape or base.ndim != 2:
+        raise LensBiasError(f"alignment needs two feature matrices of one shape [n, d], got {tuple(base.shape)} and {tuple(suspect.shape)}")
+    a, b = base.double(), suspect.double()
+    ca, cb = a - a.mean(0), b - b.mean(0)
+    if mode == "permutation":
+        corr = (ca / ca.norm(dim=0).clamp_min(1e-12)).T @ (cb / cb.norm(dim=0).clamp_min(1e-12))  # [d_a, d_b]
+        rows, cols = linear_sum_assignment(corr.numpy(), maximize=True)
+        matrix = torch.zeros(b.shape[1], a.shape[1], dtype=torch.float64)
+        matrix[torch.as_tensor(cols), torch.as_tensor(rows)] = 1.0  # suspect dim cols[i] -> base dim rows[i]
+        return matrix
+    if mode == "orthogonal":
+        u, _, vh = torch.linalg.svd(cb.T @ ca, full_matrices=False)
+        return u @ vh  # argmin over orthogonal Q of ‖cb·Q − ca‖
+    gram = cb.T @ cb  # "linear", the last mode
+    ridge = _RIDGE * gram.diagonal().mean() * torch.eye(gram.shape[0], dtype=gram.dtype)
+    return torch.linalg.solve(gram + ridge, cb.T @ ca)
+
+
 def fit(mode: AlignMode, base: Float[Tensor, "n d"], suspect: Float[Tensor, "n d"]) -> Aligner:
-    """The map that takes the suspect's features into the base's basis, fitted on these rows.
+    """The map that takes the suspect's features into the base's basis, fitted on these rows (:func:`map_matrix`).
 
     Args:
         mode: "permutation", "orthogonal" or "linear" (see the module docstring).
@@ -75,25 +102,8 @@ def fit(mode: AlignMode, base: Float[Tensor, "n d"], suspect: Float[Tensor, "n d
     Returns:
         A function from suspect features ``[n, d]`` (any rows) to features in the base's basis.
     """
-    check_align(mode)
-    if mode is None:
-        raise LensBiasError("fit needs a map to fit: 'permutation', 'orthogonal' or 'linear' (None is the published test, which fits none)")
-    if base.shape != suspect.shape or base.ndim != 2:
-        raise LensBiasError(f"alignment needs two feature matrices of one shape [n, d], got {tuple(base.shape)} and {tuple(suspect.shape)}")
-    a, b = base.double(), suspect.double()
+    matrix = map_matrix(mode, base, suspect)
     if mode == "permutation":
-        ca, cb = a - a.mean(0), b - b.mean(0)
-        corr = (ca / ca.norm(dim=0).clamp_min(1e-12)).T @ (cb / cb.norm(dim=0).clamp_min(1e-12))  # [d_a, d_b]
-        rows, cols = linear_sum_assignment(corr.numpy(), maximize=True)
-        order = torch.as_tensor(cols[rows.argsort()], dtype=torch.long)  # base dim i <- suspect dim order[i]
+        order = matrix.argmax(dim=0)  # base dim i <- suspect dim order[i]: the features themselves, reordered
         return lambda x: x[:, order]
-    mean_a, mean_b = a.mean(0), b.mean(0)
-    ca, cb = a - mean_a, b - mean_b
-    if mode == "orthogonal":
-        u, _, vh = torch.linalg.svd(cb.T @ ca, full_matrices=False)
-        q = u @ vh  # argmin over orthogonal Q of ‖cb·Q − ca‖
-        return lambda x: (x.double() @ q).to(x.dtype)
-    gram = cb.T @ cb  # "linear", the last mode
-    ridge = _RIDGE * gram.diagonal().mean() * torch.eye(gram.shape[0], dtype=gram.dtype)
-    w = torch.linalg.solve(gram + ridge, cb.T @ ca)
-    return lambda x: (x.double() @ w).to(x.dtype)
+    return lambda x: (x.double() @ matrix).to(x.dtype)

@@ -40,11 +40,11 @@ from typing import Any, Literal, get_args
 
 import torch
 from jaxtyping import Float, Int
-from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.stats import unit
+from lens_bias.seedprint.align import map_matrix
 from lens_bias.seedprint.vocabulary import MATCH_COSINE, SAME_TABLE, nearest_rows
 
 __all__ = ["TokenMap", "BasisMap", "token_map", "basis_map", "FIT", "BASIS_KINDS"]
@@ -66,7 +66,6 @@ _ROUNDS = 10  # refinements of a match at most (they settle in three or four)
 _SAMPLE = 2048  # rows matched on the principal axes, then rows held out to judge the refined match
 _ROWS = 8192  # corresponding rows a basis map is fitted on
 _BLOCK_BYTES = 1 << 28  # cosines computed 256 MB at a time
-_RIDGE = 1e-6  # of the linear map, relative to the mean variance of the suspect's rows
 
 
 @dataclass(frozen=True)
@@ -169,13 +168,6 @@ def _neighbourhoods(table: Tensor, k: int) -> Tensor:
     return torch.cat([norms[:, None], torch.cat(top), norms[index]], dim=1)
 
 
-def _procrustes(a: Tensor, b: Tensor) -> Tensor:
-    """The orthogonal Q minimising ‖(b − mean b)·Q − (a − mean a)‖."""
-    ca, cb = a.double() - a.double().mean(0), b.double() - b.double().mean(0)
-    u, _, vh = torch.linalg.svd(cb.T @ ca, full_matrices=False)
-    return u @ vh
-
-
 def _match_rows(table_a: Tensor, table_b: Tensor, seed: int) -> Int[Tensor, "v_a"] | None:
     """The suspect's row for every base row, when the tables are one table up to a basis map and a renaming: rows
     matched on their neighbourhoods (:func:`_neighbourhoods`, 4 then 8 neighbours), each start refined
@@ -214,7 +206,7 @@ def _refined(table_a: Tensor, table_b: Tensor, rows: Tensor, matched: Tensor) ->
     keep = torch.arange(len(rows))
     q = torch.eye(table_a.shape[1])
     for _ in range(_ROUNDS):
-        q = _procrustes(table_a[rows[keep]], table_b[matched[keep]]).float()
+        q = map_matrix("orthogonal", table_a[rows[keep]], table_b[matched[keep]]).float()
         mapped = unit(table_b @ q)
         _, again = nearest_rows(unit_rows, mapped)
         _, back = nearest_rows(mapped[again], unit_rows)
@@ -231,7 +223,7 @@ def _one_table(table_a: Tensor, table_b: Tensor, ids: Tensor, seed: int) -> bool
     if table_a.shape[1] != table_b.shape[1] or len(shared) < 2 * table_a.shape[1]:
         return False
     rows = shared[torch.randperm(len(shared), generator=torch.Generator().manual_seed(seed))[:_SAMPLE]]
-    q = _procrustes(table_a[rows], table_b[ids[rows]]).float()
+    q = map_matrix("orthogonal", table_a[rows], table_b[ids[rows]]).float()
     cosine = (unit(table_a[rows]) * unit(table_b[ids[rows]] @ q)).sum(dim=1)
     return (cosine >= MATCH_COSINE).float().mean().item() >= SAME_TABLE
 
@@ -257,19 +249,11 @@ def basis_map(base: Any, suspect: Any, tokens: TokenMap, *, seed: int = 0) -> Ba
     a, b = table_a[rows].double(), table_b[tokens.ids[rows]].double()
     ca, cb = a - a.mean(0), b - b.mean(0)
     scale = ca.norm().clamp_min(1e-12)
-    fits: list[tuple[Kind, Tensor | None]] = [("identity", None)]
-    corr = (unit(ca.T.float()) @ unit(cb.T.float()).T).double()  # [d_a, d_b] correlation of columns
-    r, c = linear_sum_assignment(corr.numpy(), maximize=True)
-    permutation = torch.zeros(b.shape[1], a.shape[1], dtype=torch.float64)
-    permutation[torch.as_tensor(c), torch.as_tensor(r)] = 1.0  # suspect dim c -> base dim r
-    fits.append(("permutation", permutation))
-    fits.append(("orthogonal", _procrustes(a, b)))
-    gram = cb.T @ cb
-    fits.append(("linear", torch.linalg.solve(gram + _RIDGE * gram.diagonal().mean() * torch.eye(gram.shape[0], dtype=gram.dtype), cb.T @ ca)))
-    best = BasisMap("none", None, float("inf"))
-    for kind, matrix in fits:
+    smallest = float("inf")
+    for kind in BASIS_KINDS:  # simplest first: a map is fitted only where the simpler ones do not fit
+        matrix = None if kind == "identity" else map_matrix(kind, a, b)
         residual = ((cb if matrix is None else cb @ matrix) - ca).norm().item() / scale.item()
         if residual <= FIT:
             return BasisMap(kind, matrix, residual)
-        best = best if best.residual <= residual else BasisMap("none", None, residual)
-    return best
+        smallest = min(smallest, residual)
+    return BasisMap("none", None, smallest)
