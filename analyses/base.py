@@ -92,7 +92,7 @@ class Result(Serialisable):
 
     @classmethod
     def column_in_words(cls, column: str) -> str | None:
-        """``column`` in words with its unit (:attr:`column_words`), or None where this result names none."""
+        """``column`` in words with its unit (from ``column_words``), or None where this result names none."""
         if column in cls.column_words:
             return cls.column_words[column]
         for pattern, words in cls.column_words.items():

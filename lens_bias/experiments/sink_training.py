@@ -89,7 +89,7 @@ class SinkConfig(Serialisable):
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "SinkConfig":
-        """The config :meth:`to_dict` wrote; one of a checkpoint written before configs held a ModelSpec (flat
+        """The config ``to_dict`` wrote; one of a checkpoint written before configs held a ModelSpec (flat
         ``arch``, ``d_model``, ... fields, as the shipped sink model's) is read into one."""
         if "model" in d:
             return super().from_dict(d)
