@@ -169,7 +169,7 @@ def test_a_refusal_names_the_estimate_the_limit_and_the_largest_count(capsys, mo
 TINY = "llama:d=16,L=2,H=2,V=300,ctx=64"
 # Each experiment with the flags that let it run on the tiny model above, or None where it needs a pretrained
 # model with a tokenizer (the shipped SmolLM2).
-ON_TINY = {"attribution": ["--model", TINY, "--set", "inputs=tokens"], "persistence": [], "sinks": []}
+ON_TINY = {"attribution": ["--model", TINY, "--set", "inputs=tokens"], "persistence": [], "sinks": [], "lineage-negatives": []}
 ON_SMOLLM2 = {"descendants", "real-model"}
 SECONDS = 20  # a stage of a run that lasts this long must be showing a progress bar of known total
 

@@ -43,6 +43,7 @@ from lens_bias.seedprint.fingerprints import (
 )
 from lens_bias.seedprint.lineage import (
     ALPHA,
+    COMPARE,
     STRONG,
     LineageSettings,
     SeedPrintResult,
@@ -64,5 +65,5 @@ from lens_bias.seedprint.statistic import MODES, identity_dims, tau_null_sd
 __all__ = [
     "Fingerprint", "FingerprintSettings", "LineageSettings", "SeedPrintResult", "fingerprint", "lineage_test", "compare", "fingerprint_like", "calibrate", "identity_dims", "tau_null_sd",
     "seed_null_fingerprints", "regenerate_inputs", "Null", "AnalyticNull", "EmpiricalNull", "SeedsNull", "null_named", "NULLS", "MODES",
-    "FeaturesLike", "ALPHA", "STRONG", "ALIGN_MODES", "pairwise_lineage", "LineageMatrix",
+    "FeaturesLike", "ALPHA", "STRONG", "COMPARE", "ALIGN_MODES", "pairwise_lineage", "LineageMatrix",
 ]

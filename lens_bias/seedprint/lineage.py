@@ -44,7 +44,7 @@ from lens_bias.seedprint.nulls import NULLS, AnalyticNull, Case, Null
 from lens_bias.seedprint.statistic import MODES, tau_statistic
 from lens_bias.seedprint.vocabulary import renamed_tokens
 
-__all__ = ["SeedPrintResult", "LineageSettings", "lineage_test", "compare", "fingerprint_like", "ALPHA", "STRONG"]
+__all__ = ["SeedPrintResult", "LineageSettings", "lineage_test", "compare", "fingerprint_like", "ALPHA", "STRONG", "COMPARE"]
 
 # The papers' significance level for "same lineage", and the bar a known descendant must clear (LeaFBench-style
 # "overwhelmingly related", as the papers report related pairs at p ≲ 1e-10).
@@ -84,6 +84,8 @@ class SeedPrintResult:
     token_source: str | None = None
     basis_map: str | None = None
     basis_fit: float | None = None
+    # Why a "related" verdict may not mean lineage (:data:`CONVERGENCE`, for maps fitted on the activations)
+    caveat: str | None = None
 
     @property
     def same_lineage(self) -> bool:
@@ -103,9 +105,10 @@ class SeedPrintResult:
         aligned += ", token inputs renamed to the suspect's vocabulary" if self.renamed_vocabulary else ""
         if self.basis_map is not None:
             aligned += f", auto: tokens {self.token_source}, basis {self.basis_map} (residual {self.basis_fit:.3g})"
+        caveat = f"; {self.caveat}" if self.caveat else ""
         return (
             f"SeedPrint ({self.null} null{aligned}, {self.mode} identity dims, m {self.m}, k {self.k}, n {self.n}): "
-            f"τ̄ = {self.tau_bar:.4f}, z = {self.z:.2f}, p = {self.p:.3g} (log10 {self.log10_p:.1f}{rank}) -> {verdict} at α = {self.alpha}{extra}"
+            f"τ̄ = {self.tau_bar:.4f}, z = {self.z:.2f}, p = {self.p:.3g} (log10 {self.log10_p:.1f}{rank}) -> {verdict} at α = {self.alpha}{extra}{caveat}"
         )
 
 
@@ -141,6 +144,17 @@ class LineageSettings:
             raise LensBiasError(f"LineageSettings.from_dict: unknown field(s) {unknown}; its fields are {[f.name for f in fields(cls)]}")
         null = d.get("null")
         return cls(**{**d, "null": None if null is None else Null.from_dict(null, **objects)})
+
+
+CONVERGENCE = (
+    "caveat: a map fitted on the activations also aligns unrelated models that learned alike (convergent learning), so between "
+    "trained models this verdict does not tell lineage from similar training; compare() with align='auto' reads the map from the weights"
+)
+"""The caveat an activation-fitted alignment's "related" verdict carries (measured by ``lens-bias lineage-negatives``)."""
+
+COMPARE = LineageSettings(align="auto")
+""":func:`compare`'s test when none is given: the token and basis maps read from the weights, then the published test
+(exactly it, to the same p, where nothing was renamed or rotated)."""
 
 
 def lineage_test(a: FeaturesLike, b: FeaturesLike, settings: LineageSettings | None = None, *, progress: bool = False, **overrides: Any) -> SeedPrintResult:
@@ -195,6 +209,8 @@ def lineage_test(a: FeaturesLike, b: FeaturesLike, settings: LineageSettings | N
     result.p = math.exp(judgement.log_p)
     result.z = judgement.z
     result.null_details = judgement.details
+    if align is not None and result.same_lineage:
+        result.caveat = CONVERGENCE
     return result
 
 
@@ -230,6 +246,10 @@ def compare(
 ) -> SeedPrintResult:
     """Fingerprint both models on the same random inputs and :func:`lineage_test` them (``a`` is the base).
 
+    By default (:data:`COMPARE`, ``align="auto"``) the suspect's token map and residual basis map are read from the
+    two models' tokenizers and weights (:mod:`~lens_bias.seedprint.correspondence`), so a descendant whose
+    vocabulary was renamed and whose basis was permuted or rotated is tested in the base's terms; where nothing was
+    renamed or rotated this is the published test, to the same p. ``align=None`` runs the published test as it is.
     Token IDs are drawn below the smaller of the two vocabularies unless ``vocab`` is given. When ``b``'s vocabulary
     is ``a``'s renamed (its embedding rows are ``a``'s in another order:
     :func:`~lens_bias.seedprint.vocabulary.renamed_tokens`), ``b`` reads the same tokens under their new IDs, so a
@@ -240,7 +260,7 @@ def compare(
         model_a: the base.
         model_b: the suspect.
         settings: how both are fingerprinted (:class:`~lens_bias.seedprint.FingerprintSettings`).
-        test: how they are tested (:class:`LineageSettings`).
+        test: how they are tested (:class:`LineageSettings`; default :data:`COMPARE`).
         progress: progress bars.
         **overrides: fields of either settings class (``n=512, m=32``), which replace theirs.
 
@@ -249,7 +269,7 @@ def compare(
     """
     routed = route_keywords(overrides, {"settings": FingerprintSettings, "test": LineageSettings}, "compare()")
     prints = overridden(FingerprintSettings, settings, routed["settings"], "compare()")
-    testing = overridden(LineageSettings, test, routed["test"], "compare()")
+    testing = overridden(LineageSettings, test if test is not None else COMPARE, routed["test"], "compare()")
     info_a, info_b = ModelAdapter(model_a).info, ModelAdapter(model_b).info
     if info_a.d_model != info_b.d_model:
         raise LensBiasError(f"different widths cannot share an init (d_model {info_a.d_model} vs {info_b.d_model}); SeedPrint compares models of one width")

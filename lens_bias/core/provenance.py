@@ -1,0 +1,94 @@
+"""Where a number came from: the command, the date, the versions and the machine a results file records with it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import platform
+import re
+import sys
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Mapping, Sequence, Union
+
+import pandas as pd
+import torch
+
+__all__ = ["provenance", "versions", "machine", "source_hash", "results_record", "table_of", "numbers_of", "write_results"]
+
+# the packages whose versions a number depends on
+PACKAGES = ("lens_bias", "torch", "transformer-lens", "transformers")
+
+
+def versions() -> dict[str, str]:
+    """The installed versions of :data:`PACKAGES`, and Python's."""
+    found = {}
+    for name in PACKAGES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = "not installed"
+    return {**found, "python": platform.python_version()}
+
+
+def machine() -> str:
+    """The machine in words: the architecture, torch's threads and the GPU where one is present."""
+    gpu = f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ", no GPU"
+    return f"{platform.machine()}, {torch.get_num_threads()} torch threads{gpu}"
+
+
+def provenance(command: str | None = None) -> dict[str, Any]:
+    """The record a results file starts with: ``command`` (default: this process's ``lens-bias`` command line), the
+    UTC date, :func:`versions` and :func:`machine`."""
+    return {"command": command if command is not None else " ".join(["lens-bias", *sys.argv[1:]]),
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "versions": versions(), "machine": machine()}
+
+
+REPOSITORY = Path(__file__).resolve().parents[2]  # the checkout an editable install runs from
+
+
+def source_hash(path: str, root: Path = REPOSITORY) -> str:
+    """sha256 of a source file, or of a folder's ``.py`` files in name order (``path`` relative to ``root``); a
+    results file keeps it for each source its numbers depend on, so a page can say when the code changed since."""
+    target = root / path
+    files = [target] if target.is_file() else sorted(target.rglob("*.py"))
+    digest = hashlib.sha256()
+    for file in files:
+        digest.update(str(file.relative_to(root)).encode() + b"\0" + file.read_bytes())
+    return digest.hexdigest()
+
+
+def results_record(numbers: dict[str, Any], tables: dict[str, dict[str, Any]], depends: Sequence[str], command: str | None = None) -> dict[str, Any]:
+    """A results file's content (``docs/render.py`` writes the pages from it): :func:`provenance`, the named
+    ``numbers``, the ``tables`` ({"columns", "rows", "formats"}) and the hash of each source in ``depends``."""
+    return {**provenance(command), "numbers": numbers, "tables": tables, "depends": {path: source_hash(path) for path in depends}}
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")
+
+
+def table_of(frame: pd.DataFrame, formats: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """A DataFrame as a results file's table: its columns, its rows (NaN as None) and each column's format spec."""
+    rows = [[None if isinstance(v, float) and math.isnan(v) else v for v in row] for row in frame.astype(object).values.tolist()]
+    return {"columns": [str(c) for c in frame.columns], "rows": rows, "formats": dict(formats or {})}
+
+
+def numbers_of(frame: pd.DataFrame, keys: Sequence[str], prefix: str) -> dict[str, Any]:
+    """Every cell of ``frame`` as a named number, ``PREFIX.KEY.COLUMN`` (the ``keys`` columns' values, lower case,
+    non-alphanumerics as ``_``): what a page quotes as ``<!-- r NAME.PREFIX.KEY.COLUMN -->``."""
+    numbers = {}
+    for row in frame.to_dict(orient="records"):
+        key = ".".join(_slug(str(row[k])) for k in keys)
+        numbers.update({f"{prefix}.{key}.{_slug(str(column))}": value for column, value in row.items() if column not in keys})
+    return numbers
+
+
+def write_results(path: Union[str, Path], record: Mapping[str, Any]) -> Path:
+    """Write a results file (numpy scalars as plain numbers)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1, default=lambda o: o.item() if hasattr(o, "item") else str(o)) + "\n")
+    return path
