@@ -9,7 +9,7 @@
 4. peak memory of fingerprinting N = 2000 / N = 200 inputs, each in a fresh process (target <= 1.2);
 5. a bare scipy ``kendalltau`` loop over the columns the lineage test correlates (N × k softmaxed features) / the
    whole ``lineage_test`` on those features (target >= 0.9: the test is never much slower than what it wraps);
-6. ``compare(align="auto")`` / the published ``compare`` at equal N, on a descendant that needs no alignment (the
+6. ``compare`` (its default, ``align="auto"``) / the published ``compare(align=None)`` at equal N, on a descendant that needs no alignment (the
    model against its 4-bit copy): the token and basis maps read from the weights (target <= 1.3).
 
     python benchmarks/bench_seedprint.py                       # CPU defaults: llama d 256, 4 layers, V 8000
@@ -129,9 +129,9 @@ def main() -> None:
     t_lineage = timed(lambda: lineage_test(fa, fb, m=args.kendall_k, mode="base", temperature=TEMPERATURE), args.repeats)
 
     quantised = quantize(model, 4)
-    t_published = timed(lambda: compare(model, quantised, n=args.n, seq_len=args.seq_len, batch_size=args.batch_size, progress=False), args.repeats)
-    t_auto = timed(lambda: compare(model, quantised, n=args.n, seq_len=args.seq_len, batch_size=args.batch_size, align="auto", progress=False),
-                   args.repeats)
+    t_published = timed(lambda: compare(model, quantised, n=args.n, seq_len=args.seq_len, batch_size=args.batch_size, align=None, progress=False),
+                         args.repeats)
+    t_auto = timed(lambda: compare(model, quantised, n=args.n, seq_len=args.seq_len, batch_size=args.batch_size, progress=False), args.repeats)  # "auto"
 
     peaks = {}
     for n in (200, 2000):

@@ -3,7 +3,8 @@
 * ``lens_bias.hooks`` and ``lens_bias.analyses`` live in the top-level folders ``hooks/`` and ``analyses/`` (the
   package maps them, see pyproject.toml). The API reference reads the sources statically, so the build lays
   a ``lens_bias`` tree of links under ``build/docs_api/`` where they sit as subpackages.
-* The notebooks of ``examples/`` become pages under ``notebooks/``. ``tests/acceptance/test_examples.py`` writes each notebook
+* The notebooks of ``examples/`` become pages under ``notebooks/``. The pages link them where they are in the
+  repository (``../examples/01_born_biased.ipynb``), so the links work on GitHub; the build points them at the pages. ``tests/acceptance/test_examples.py`` writes each notebook
   it executes to ``build/notebooks/``; the build renders that executed copy where there is one (CI runs the tests
   before the build) and the stripped source otherwise, so the build itself executes nothing.
 """
@@ -11,6 +12,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -47,3 +49,12 @@ def on_files(files, config):
         shutil.copyfile(path, src_dir / "notebooks" / source.name)
         files.append(File(f"notebooks/{source.name}", str(src_dir), config["site_dir"], config["use_directory_urls"]))
     return files
+
+
+_NOTEBOOK_LINK = re.compile(r"\]\((?:\.\./)+examples/(\d\d_\w+\.ipynb)\)")
+
+
+def on_page_markdown(markdown, page, config, files):
+    # a link to a notebook in examples/ (which works on GitHub) becomes a link to its page under notebooks/
+    up = "../" * page.file.src_uri.count("/")
+    return _NOTEBOOK_LINK.sub(lambda m: f"]({up}notebooks/{m.group(1)})", markdown)

@@ -17,6 +17,7 @@ import time
 import pandas as pd
 
 import lens_bias
+from lens_bias.core.provenance import numbers_of, results_record, table_of, write_results
 from lens_bias.hooks import Intervention, OddActivation
 
 
@@ -27,6 +28,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     parser.add_argument("--d-vocab", type=int, default=32000)
     parser.add_argument("--n", type=int, default=128, help="random sequences")
     parser.add_argument("--seq-len", type=int, default=32)
+    parser.add_argument("--results", default=None, metavar="PATH", help="also write the table as a results file (docs/results/orders_of_magnitude.json)")
     args = parser.parse_args(argv)
 
     rows = []
@@ -63,6 +65,12 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     print(f"{args.n_layers} layers, V {args.d_vocab}, {args.n} random sequences of {args.seq_len} tokens; peak memory {peak_gib:.1f} GiB")
     print(table.to_string(float_format=lambda v: f"{v:.3g}"))
+    if args.results:  # the docs render their numbers from it (docs/render.py)
+        frame = table.reset_index().drop(columns=["analyze seconds"])
+        numbers = {"peak_gib": peak_gib, **numbers_of(frame, ["model"], "models")}
+        tables = {"models": table_of(frame, {"max/min p̄": ".3g", "V·max p̄": ".3g", "H(p̄)/log V": ".3f", "argmax share": ".3f", "inter": ".3f"})}
+        write_results(args.results, results_record(numbers, tables, ("examples/orders_of_magnitude.py", "analyses", "hooks/mlp.py"),
+                                                   command="python examples/orders_of_magnitude.py"))
     return table
 
 

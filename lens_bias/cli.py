@@ -313,7 +313,7 @@ def _seedprint(args: argparse.Namespace) -> str:
                            alpha=args.alpha, align=args.align)
     result = seedprint.lineage_test(seedprint.Fingerprint.load(args.a), seedprint.Fingerprint.load(args.b), test, progress=not args.no_progress)
     if args.json:
-        keys = ("p", "log10_p", "tau_bar", "z", "k", "n", "m", "mode", "null", "alpha", "same_lineage", "reason", "null_details", "align", "fit_rows")
+        keys = ("p", "log10_p", "tau_bar", "z", "k", "n", "m", "mode", "null", "alpha", "same_lineage", "reason", "null_details", "align", "fit_rows", "caveat")
         return json.dumps({name: getattr(result, name) for name in keys}, indent=2)
     return str(result)
 

@@ -3,7 +3,7 @@ here, each cell a result checked against the model's own computation or a one-li
 
 TL 4 rows are Hugging Face causal LMs built from their config (d 64, 2 layers, 4 heads, vocab 512) and bridged by
 ``from_hf``; TL 3 rows are ``HookedTransformerConfig`` variants. ``tests/test_architectures.py`` runs it, and
-``docs/architectures.md`` is generated from it (``python -m tests.architecture_matrix``).
+``docs/architectures-tl4.md`` and ``docs/architectures-tl3.md`` are generated from it (``python -m tests.architecture_matrix``).
 """
 
 from __future__ import annotations
@@ -344,15 +344,36 @@ every cell the model's weights are bit-identical and its hooks are as before.
 """
 
 
+# Refusals by the start of their text, in the order they are numbered on both pages, so that ✗N means one reason on the
+# TL 3 and the TL 4 page alike (a reason one TL never gives leaves its number unused there); others follow, as met.
+REFUSAL_NUMBERS = (
+    "section super_experts cannot run", "super_experts reads the experts", "RemoveWeight reads a Hugging Face sparse",
+    "RemoveLearnedSinks: this model declares no learned sink", "SubtractPositionEmbedding needs hook point(s) ['hook_pos_embed']",
+    "hook hook_pos_embed never fired", "section super_neurons cannot run on this model: super_neurons reads", "the model's act_fn",
+    "an edit at blocks.L.attn.hook_pattern does not change", "the TransformerLens",
+)
+
+
+class _Numbers(dict):
+    """Reason -> its number: that of its entry in REFUSAL_NUMBERS, else the next after them, in the order met."""
+
+    def number(self, reason: str) -> int:
+        if reason not in self:
+            taken = set(self.values())
+            known = next((i + 1 for i, start in enumerate(REFUSAL_NUMBERS) if reason.startswith(start) and i + 1 not in taken), None)
+            self[reason] = known if known is not None else len(REFUSAL_NUMBERS) + 1 + sum(n > len(REFUSAL_NUMBERS) for n in self.values())
+        return self[reason]
+
+
 def render(table: list[Row], title: str) -> str:
     """One Markdown section: a table of ✓/✗ and the refusals, numbered."""
     columns = list(CELLS)
-    reasons: dict[str, int] = {}
+    reasons = _Numbers()
     lines = [f"## {title}", "", "| architecture | " + " | ".join(map(_header, columns)) + " |", "|---" * (len(columns) + 1) + "|"]
     for row in table:
         name = row.row.split(":", 1)[1]
         if row.refused is not None:
-            number = reasons.setdefault(_generic(row.refused), len(reasons) + 1)
+            number = reasons.number(_generic(row.refused))
             lines.append(f"| {name} | " + " | ".join([f"✗{number}"] * len(columns)) + " |")
             continue
         marks = []
@@ -362,11 +383,12 @@ def render(table: list[Row], title: str) -> str:
                 marks.append(value)
             elif value.startswith("refused: "):
                 reason = _generic(value.removeprefix("refused: "))
-                marks.append(f"✗{reasons.setdefault(reason, len(reasons) + 1)}")
+                marks.append(f"✗{reasons.number(reason)}")
             else:
                 marks.append("✓")
         lines.append(f"| {name} | " + " | ".join(marks) + " |")
-    lines += ["", "Refusals:", ""] + [f"{number}. {reason}" for reason, number in reasons.items()] + [""]
+    lines += ["", "Refusals (a number means one reason on the TL 3 and the TL 4 page alike):", ""]
+    lines += [f"- ✗{number}: {reason}" for reason, number in sorted(reasons.items(), key=lambda item: item[1])] + [""]
     return "\n".join(lines)
 
 

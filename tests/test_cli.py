@@ -141,5 +141,9 @@ def test_attribution_command_writes_its_tables(tmp_path, capsys):
     assert in_page.condition.tolist() == table.condition.tolist() and in_page.sink_0.tolist() == pytest.approx(table.sink_0.tolist(), rel=1e-5)
     assert "<h2>What removes the sink</h2>" in page
     assert table.condition[0] == "unedited" and len(table) == 9 and (tmp_path / "chain.csv").exists() and (tmp_path / "sink_by_condition.png").exists()
+    # the results file the docs render from: the same numbers, named by condition and column
+    record = json.loads((tmp_path / "results.json").read_text())
+    assert record["numbers"]["conditions.unedited.sink_0"] == table.sink_0[0] and record["numbers"]["config"]["n"] == 8
+    assert record["tables"]["conditions"]["rows"][0][0] == "unedited" and record["command"].startswith("lens-bias") and record["depends"]
     assert main(["attribution", "--model", "llama:d=64,L=2,H=4,V=97,ctx=32", "--preset", "tiny", "--no-progress"]) == 2  # text needs a tokenizer
     assert "needs model.tokenizer" in capsys.readouterr().err

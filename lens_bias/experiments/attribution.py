@@ -17,13 +17,17 @@ from torch import Tensor
 from lens_bias.analyses.sink_attribution import SinkAttributionResult, sink_attribution
 from lens_bias.core.errors import LensBiasError, MissingExtra
 from lens_bias.core.inputs import check_context, random_tokens, text_tokens
+from lens_bias.core.provenance import numbers_of, results_record, table_of, write_results
 from lens_bias.core.serialise import Serialisable
 from lens_bias.core.tables import markdown_table
 from lens_bias.experiments.base import Experiment, Outcome
 from lens_bias.models import load_model
 from lens_bias.report import analyze
 
-__all__ = ["AttributionConfig", "PRESETS", "run_attribution", "attribution_tokens", "AttributionExperiment"]
+__all__ = ["AttributionConfig", "PRESETS", "run_attribution", "attribution_tokens", "attribution_record", "AttributionExperiment"]
+
+# the sources the results file's numbers come from (a page says when one changed since the run)
+DEPENDS = ("lens_bias/experiments/attribution.py", "analyses/sink_attribution.py", "hooks")
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,14 @@ PRESETS = {
     # Seconds on a tiny model; the real-model tests use it on SmolLM2 too.
     "tiny": AttributionConfig(n=8, seq_len=32, calibration=8, n_random=10, position=4),
 }
+
+
+def attribution_record(result: SinkAttributionResult, config: AttributionConfig, command: str | None = None) -> dict[str, Any]:
+    """The attribution table as a results file (``docs/render.py`` writes the pages from it): numbers
+    ``conditions.CONDITION.COLUMN`` (the condition in lower case, non-alphanumerics as ``_``)."""
+    table = result.to_pandas().drop(columns=["edit", "link"])
+    numbers = {"config": config.to_dict(), **numbers_of(table, ["condition"], "conditions")}
+    return results_record(numbers, {"conditions": table_of(table)}, DEPENDS, command)
 
 
 def run_attribution(model: Any, config: AttributionConfig = AttributionConfig(), *, progress: bool = True) -> SinkAttributionResult:
@@ -125,6 +137,7 @@ class AttributionExperiment(Experiment):
             result.to_pandas().to_csv(out / "attribution.csv", index=False)
             result.chain().to_csv(out / "chain.csv", index=False)
             (out / "attribution.md").write_text(_markdown(result))
+            write_results(out / "results.json", attribution_record(result, config))
             try:
                 result.plot().savefig(out / "sink_by_condition.png", dpi=120)
             except MissingExtra:  # no matplotlib: the tables only

@@ -84,7 +84,7 @@ PRESETS = {
     # n_random stays 10: an aligned test's seeds null of k inits needs z > 32 for p < 1e-10 at k = 10 (Student-t,
     # k − 1 dof), z > 2489 at k = 4.
     "tiny": DescendantsConfig(n=256, seq_len=8, finetune_steps=4, finetune_batch=4, finetune_seq_len=16, eval_blocks=4),
-    # Across the real families on 2 CPU cores (docs/experiments/real-families.md): 512 inputs of 8 tokens (a Qwen2.5-0.5B
+    # Across the real families on 2 CPU cores (docs/experiments/families-descendants.md): 512 inputs of 8 tokens (a Qwen2.5-0.5B
     # fingerprint is ~1 min), so only the published test and the permutation alignment (the orthogonal and linear
     # fits need more inputs than 2·D); 5-step fine-tunes; 8 random inits give 8 + 28 unrelated pairs per family.
     "family": DescendantsConfig(n=512, seq_len=8, finetune_steps=5, n_random=8, align_modes=(None, "permutation")),

@@ -30,6 +30,7 @@ from lens_bias.analyses.sinks import DEFAULT_EPS, Sinks, SinksResult
 from lens_bias.core import tl
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.inputs import check_context, check_later_position, random_tokens, repeated_tokens, text_tokens, with_bos
+from lens_bias.core.provenance import numbers_of, results_record, table_of, write_results
 from lens_bias.core.serialise import Serialisable
 from lens_bias.core.tables import markdown_table
 from lens_bias.experiments.base import Experiment, Outcome
@@ -133,6 +134,8 @@ def move_sink_table(model: Any, *, n: int = 64, seq_len: int = 64, position: int
 # bounded numbers (cosines, Kendall τ: a few flipped pairs move them by more than their rounding) and rates in %.
 # bf16 keeps 8 significant bits (relative step 2^-8 ≈ 0.004); 30 layers of rounding measured ≤ 2 steps on SmolLM2.
 _BF16_STEP = 2.0**-8
+# the sources the results file's numbers come from (a page says when one changed since the run)
+DEPENDS = ("lens_bias/experiments/real_model.py", "lens_bias/experiments/sink_training.py", "analyses", "hooks")
 _COMPARED: dict[str, tuple[str, float]] = {
     "sinks.sink_rate_0": ("abs", 3.0),
     "sinks.first_token_share": ("abs", 0.02),
@@ -225,6 +228,15 @@ class RealModelResult:
     precision: pd.DataFrame
     seconds: dict[str, float] = field(default_factory=dict)
 
+    def record(self, command: str | None = None) -> dict[str, Any]:
+        """The sink and moving tables as a results file (``docs/render.py`` writes the pages from it): numbers
+        ``sinks.INPUTS.BOS.COLUMN`` and ``move.CONDITION.COLUMN``."""
+        sinks = self.sinks.to_pandas().assign(bos=lambda f: ["bos" if b else "no_bos" for b in f.bos])
+        numbers = {"config": self.config.to_dict(), **numbers_of(sinks, ["inputs", "bos"], "sinks"), **numbers_of(self.move, ["condition"], "move")}
+        tables = {"sinks": table_of(self.sinks.to_pandas(), {"sink_0": ".1f", "sink_1": ".1f", "max_sink_later": ".1f", "share_0": ".3f", "norm_ratio_0_max": ".0f"}),
+                  "move": table_of(self.move)}
+        return results_record(numbers, tables, DEPENDS, command)
+
     def markdown(self) -> str:
         parts = [
             "### Sinks by input kind\n\n" + markdown_table(self.sinks.to_pandas()),
@@ -277,4 +289,5 @@ class RealModelExperiment(Experiment):
         if args.out:
             Path(args.out).mkdir(parents=True, exist_ok=True)
             (Path(args.out) / "summary.md").write_text(text)
+            write_results(Path(args.out) / "results.json", result.record())
         return Outcome(text)

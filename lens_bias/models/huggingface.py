@@ -215,7 +215,7 @@ def from_hf(hf_model: Any, tokenizer: Any = None, *, backend: str = "auto", mode
     """Wrap a Hugging Face causal LM as a TransformerLens model (the public entry point for your own HF models).
 
     On TL 4.x a ``TransformerBridge`` around ``hf_model`` (the bridge takes the module over: do not use it on its
-    own afterwards); on TL 3.x a ``HookedTransformer`` with converted weights (LLaMA architecture only).
+    own afterwards); on TL 3.x a ``HookedTransformer`` with converted weights (LLaMA, Qwen2 and Gemma 3 architectures only).
 
     >>> from transformers import LlamaConfig, LlamaForCausalLM
     >>> hf = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,

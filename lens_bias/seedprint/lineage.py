@@ -84,7 +84,8 @@ class SeedPrintResult:
     token_source: str | None = None
     basis_map: str | None = None
     basis_fit: float | None = None
-    # Why a "related" verdict may not mean lineage (:data:`CONVERGENCE`, for maps fitted on the activations)
+    # Why a "related" verdict may not mean lineage (:func:`caveats`: a map fitted on the activations, or the analytic
+    # null between two trained models)
     caveat: str | None = None
 
     @property
@@ -152,6 +153,25 @@ CONVERGENCE = (
 )
 """The caveat an activation-fitted alignment's "related" verdict carries (measured by ``lens-bias lineage-negatives``)."""
 
+TRAINED = (
+    "caveat: both models are trained, and the analytic null does not hold between trained models: unrelated models trained on one "
+    "corpus correlate beyond it (convergent learning); judge them against models trained on the same data from other seeds, "
+    "null=SeedsNull(fingerprints=[...], label='trained seeds')"
+)
+"""The caveat a "related" verdict of the analytic null between two trained models carries (``lens-bias lineage-negatives``
+measures its false-positive rate there)."""
+
+
+def caveats(result: "SeedPrintResult", both_trained: bool) -> str | None:
+    """What a "related" verdict cannot tell: :data:`CONVERGENCE` after an activation-fitted map, :data:`TRAINED`
+    from the analytic null between two trained models; None for an "unrelated" verdict or where neither applies."""
+    if not result.same_lineage:
+        return None
+    analytic = (result.null_settings or {}).get("kind") == "analytic"
+    found = [CONVERGENCE] if result.align not in (None, "auto") else []
+    found += [TRAINED] if both_trained and analytic else []
+    return "; ".join(found) or None
+
 COMPARE = LineageSettings(align="auto")
 """:func:`compare`'s test when none is given: the token and basis maps read from the weights, then the published test
 (exactly it, to the same p, where nothing was renamed or rotated)."""
@@ -209,8 +229,7 @@ def lineage_test(a: FeaturesLike, b: FeaturesLike, settings: LineageSettings | N
     result.p = math.exp(judgement.log_p)
     result.z = judgement.z
     result.null_details = judgement.details
-    if align is not None and result.same_lineage:
-        result.caveat = CONVERGENCE
+    result.caveat = caveats(result, all(isinstance(x, Fingerprint) and x.model.get("regime") == "trained" for x in (a, b)))
     return result
 
 
@@ -276,11 +295,14 @@ def compare(
     drawn_tokens = isinstance(prints.inputs, str) and prints.inputs == "tokens"
     if prints.vocab is None and drawn_tokens:
         prints = replace(prints, vocab=min(info_a.d_vocab, info_b.d_vocab))
+    both_trained = info_a.regime == info_b.regime == "trained"
     if testing.align == "auto":
-        return _auto(model_a, model_b, prints, testing, progress)
-    fp_a = fingerprint(model_a, prints, progress=progress)
-    fp_b = fingerprint_like(model_b, model_a, fp_a, prints, progress=progress) if drawn_tokens else fingerprint(model_b, prints, progress=progress)
-    return replace(lineage_test(fp_a, fp_b, testing, progress=progress), renamed_vocabulary=bool(fp_b.inputs.get("renamed")))
+        result = _auto(model_a, model_b, prints, testing, progress)
+    else:
+        fp_a = fingerprint(model_a, prints, progress=progress)
+        fp_b = fingerprint_like(model_b, model_a, fp_a, prints, progress=progress) if drawn_tokens else fingerprint(model_b, prints, progress=progress)
+        result = replace(lineage_test(fp_a, fp_b, testing, progress=progress), renamed_vocabulary=bool(fp_b.inputs.get("renamed")))
+    return replace(result, caveat=caveats(result, both_trained))
 
 
 def _auto(model_a: Any, model_b: Any, prints: FingerprintSettings, testing: LineageSettings, progress: bool) -> SeedPrintResult:

@@ -79,3 +79,26 @@ def test_the_command_writes_its_results_file(tmp_path, capsys):
     assert {row[0] for row in record["tables"]["rates"]["rows"]} >= {"trained, other order", "random init"}
     assert record["numbers"]["rates.auto.trained_all.pairs"] == 1 and set(record["depends"]) == set(N.DEPENDS)
     assert "false positives" in capsys.readouterr().out
+
+
+def test_a_related_verdict_says_what_it_cannot_tell():
+    """Between two trained models the analytic null's "related" carries TRAINED; after an activation-fitted map,
+    CONVERGENCE; between inits, or on an "unrelated" verdict, nothing."""
+    from lens_bias.models.init import REGIME
+    from lens_bias.models.transforms import quantize
+    from lens_bias.seedprint import lineage
+
+    base = random_init(N.PRESETS["tiny"].model)
+    copy = quantize(base, 8)
+    sizes = dict(n=160, seq_len=8, m=16, progress=False)
+    assert seedprint.compare(base, copy, **sizes).caveat is None  # two inits: the analytic null holds
+    fitted = seedprint.compare(base, copy, align="orthogonal", **sizes)
+    assert fitted.same_lineage and fitted.caveat == lineage.CONVERGENCE
+    for model in (base, copy):
+        setattr(model, REGIME, "trained")
+    trained = seedprint.compare(base, copy, **sizes)
+    assert trained.same_lineage and trained.caveat == lineage.TRAINED and "judge them against models trained" in str(trained)
+    prints = [seedprint.fingerprint(m, n=160, seq_len=8, progress=False) for m in (base, copy)]
+    assert seedprint.lineage_test(*prints, m=16).caveat == lineage.TRAINED  # the fingerprints record the regime
+    unrelated = seedprint.compare(base, random_init(dataclasses.replace(N.PRESETS["tiny"].model, seed=5)), **sizes)
+    assert not unrelated.same_lineage and unrelated.caveat is None

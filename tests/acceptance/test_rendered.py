@@ -1,0 +1,61 @@
+"""The docs' numbers come from their results files: every page equals what ``docs/render.py`` writes from
+``docs/results/``, so a number cannot drift from its run, and a run older than its code says so."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from lens_bias.core.provenance import source_hash
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("docs_render", ROOT / "docs" / "render.py")
+render = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(render)
+
+
+def test_every_page_is_what_its_results_files_render():
+    assert render.main(["--check"]) == 0, "run python docs/render.py and commit the pages"
+
+
+def test_every_results_file_says_where_it_came_from():
+    for path in sorted((ROOT / "docs" / "results").glob("*.json")):
+        record = json.loads(path.read_text())
+        assert {"command", "date", "versions", "machine", "numbers", "depends"} <= set(record), path.name
+        for source in record["depends"]:
+            assert (ROOT / source).exists(), f"{path.name} depends on {source}, which is not in the repository"
+
+
+@pytest.fixture
+def results(tmp_path, monkeypatch):
+    monkeypatch.setattr(render, "RESULTS", tmp_path)
+    record = {"command": "lens-bias x", "date": "2026-12-05T00:00:00", "machine": "m", "numbers": {"a.b": 0.123456, "n": 3},
+              "tables": {"t": {"columns": ["k", "v"], "rows": [["x", 1.5]], "formats": {"v": ".2f"}}},
+              "depends": {"docs/render.py": source_hash("docs/render.py")}}
+    (tmp_path / "run.json").write_text(json.dumps(record))
+    return tmp_path
+
+
+def test_markers_take_their_numbers_and_tables_from_the_file(results):
+    page = ROOT / "docs" / "page.md"
+    text = "p̄ <!-- r run.a.b .2f -->old<!-- /r --> of <!-- r run.n -->9<!-- /r -->\n<!-- r-table run.t -->\nstale\n<!-- /r-table -->\n"
+    out = render.render(text, {}, page)
+    assert "<!-- r run.a.b .2f -->0.12<!-- /r --> of <!-- r run.n -->3<!-- /r -->" in out
+    assert "| k | v |\n|---|---|\n| x | 1.50 |" in out and "stale" not in out and "older run" not in out
+    assert render.render(out, {}, page) == out  # rendering is idempotent
+
+
+def test_a_run_older_than_its_code_says_so(results):
+    record = json.loads((results / "run.json").read_text())
+    record["depends"] = {"docs/render.py": "0" * 64}
+    (results / "run.json").write_text(json.dumps(record))
+    out = render.render("<!-- r-table run.t -->\n<!-- /r-table -->", {}, ROOT / "README.md")
+    assert "Measured before the last change to `docs/render.py`: an older run than the code." in out
+
+
+def test_a_name_the_file_lacks_is_refused(results):
+    with pytest.raises(SystemExit, match="no number 'missing'"):
+        render.render("<!-- r run.missing -->1<!-- /r -->", {}, ROOT / "README.md")
