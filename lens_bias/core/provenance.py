@@ -23,7 +23,7 @@ PACKAGES = ("lens_bias", "torch", "transformer-lens", "transformers")
 
 
 def versions() -> dict[str, str]:
-    """The installed versions of :data:`PACKAGES`, and Python's."""
+    """The installed versions of ``PACKAGES``, and Python's."""
     found = {}
     for name in PACKAGES:
         try:

@@ -8,9 +8,9 @@ test whose verdict follows the function rather than the init calls them related.
   ``data_seeds[0]``, the rest on ``data_seeds[1]``; every pair of them, marked "same order" or "other order";
 - **random init**: ``n_random`` pairs of fresh inits of the same configuration (seeds clear of the trained ones).
 
-Each pair is compared (:func:`~lens_bias.seedprint.compare`, the base the lower seed) with :func:`compare`'s own
+Each pair is compared (:func:`~lens_bias.seedprint.lineage.compare`, the base the lower seed) with ``compare``'s own
 null, as a user would run it: the trained pairs under every mode in ``modes``, the random-init pairs under
-``random_modes`` (the aligned modes' rate on inits is :func:`~lens_bias.seedprint.calibrate`'s). A
+``random_modes`` (the aligned modes' rate on inits is :func:`~lens_bias.seedprint.calibration.calibrate`'s). A
 positive is a false positive; the FPR is reported with its 95% Clopper-Pearson upper bound.
 """
 
@@ -146,7 +146,7 @@ def run_negatives(config: NegativesConfig = NegativesConfig(), *, progress: bool
     >>> result.rates().query("negatives == 'trained, all'")[["mode", "fpr"]]  # doctest: +SKIP
 
     Args:
-        config: the sizes (:data:`PRESETS`).
+        config: the sizes (``PRESETS``).
         progress: progress bars.
 
     Returns:
@@ -161,8 +161,8 @@ def run_negatives(config: NegativesConfig = NegativesConfig(), *, progress: bool
         rows += _compared(config.modes, config, trained[a], trained[b], {"negatives": "trained", "order": order, "base": f"seed {a}", "suspect": f"seed {b}"})
     for i in tqdm(range(config.n_random), desc="random-init pairs", disable=not progress):
         a, b = RANDOM_FIRST_SEED + 2 * i, RANDOM_FIRST_SEED + 2 * i + 1
-        models = [random_init(dataclasses.replace(config.model, seed=s)) for s in (a, b)]
-        rows += _compared(config.random_modes, config, *models, {"negatives": "random init", "order": "", "base": f"seed {a}", "suspect": f"seed {b}"})
+        base, suspect = (random_init(dataclasses.replace(config.model, seed=s)) for s in (a, b))
+        rows += _compared(config.random_modes, config, base, suspect, {"negatives": "random init", "order": "", "base": f"seed {a}", "suspect": f"seed {b}"})
     return NegativesResult(pd.DataFrame(rows), training, config)
 
 

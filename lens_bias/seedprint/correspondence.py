@@ -45,7 +45,7 @@ from torch import Tensor
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.stats import unit
 from lens_bias.seedprint.align import map_matrix
-from lens_bias.seedprint.vocabulary import MATCH_COSINE, SAME_TABLE, nearest_rows
+from lens_bias.seedprint.vocabulary import MATCH_COSINE, SAME_TABLE, SKETCH_DIMS, embedding_sketch, is_renamed, nearest_rows
 
 __all__ = ["TokenMap", "BasisMap", "token_map", "basis_map", "FIT", "BASIS_KINDS"]
 
@@ -54,6 +54,11 @@ logger = logging.getLogger(__name__)
 FIT = 0.5
 """The largest relative residual of an accepted basis map. Descendants whose tables were quantised or fine-tuned stay
 far below it; tables of unrelated models, trained or not, stay near 1 (no map makes them one table)."""
+
+NORM_SPREAD = 0.25
+"""The largest relative difference between the two tables' row-norm quantiles (over their medians) of tables that
+may be one table: 4-bit quantisation and short fine-tunes move them by a few percent; a trained table against a
+random init differs by far more."""
 
 Kind = Literal["identity", "permutation", "orthogonal", "linear"]
 BASIS_KINDS: tuple[Kind, ...] = get_args(Kind)
@@ -146,26 +151,61 @@ def token_map(base: Any, suspect: Any, *, seed: int = 0) -> TokenMap:
     identity[identity >= table_b.shape[0]] = -1
     if _one_table(table_a, table_b, identity, seed):  # the cheap check first: most suspects keep their token order
         return TokenMap(identity, "same")
+    renamed = _renamed_in_place(base, suspect, table_a, table_b, seed)  # a renaming that kept the basis: cheap to find
+    if renamed is not None:
+        return TokenMap(renamed, "weights")
+    if not _norms_agree(table_a, table_b):  # no map makes them one table: the quadratic match is not needed to say so
+        return by_words if by_words is not None else TokenMap(identity, "none")
     matched = _match_rows(table_a, table_b, seed)
     if matched is None:  # the rows tell nothing: the tokenizers' word, where there is one
         return by_words if by_words is not None else TokenMap(identity, "none")
     return TokenMap(matched, "same" if bool((matched == torch.arange(v_a)).all()) else "weights")
 
 
-def _neighbourhoods(table: Tensor, k: int) -> Tensor:
-    """Each row's norm, its ``k`` largest cosines with the table's other rows and those rows' norms: a description
-    that a rotation or a permutation of the basis leaves unchanged, and a renaming only reorders."""
-    norms, rows = table.norm(dim=1), unit(table)
+def _neighbourhoods(table: Tensor, k: int, rows: Tensor | None = None) -> Tensor:
+    """Each row's norm, its ``k`` largest cosines with the table's other rows (largest first) and those rows' norms:
+    a description that a rotation or a permutation of the basis leaves unchanged, and a renaming only reorders.
+    Only ``rows`` (default: all) are described, each against the whole table; ``_described(..., j)`` keeps the
+    first ``j`` neighbours of it."""
+    norms, units = table.norm(dim=1), unit(table)
+    rows = torch.arange(table.shape[0]) if rows is None else rows
     block = max(1, _BLOCK_BYTES // (4 * table.shape[0]))
     top, where = [], []
-    for start in range(0, table.shape[0], block):
-        cosine = rows[start:start + block] @ rows.T
-        cosine[torch.arange(cosine.shape[0]), torch.arange(start, start + cosine.shape[0])] = -2.0  # not itself
+    for start in range(0, len(rows), block):
+        chunk = rows[start:start + block]
+        cosine = units[chunk] @ units.T
+        cosine[torch.arange(len(chunk)), chunk] = -2.0  # not itself
         values, index = cosine.topk(k, dim=1)
         top.append(values)
         where.append(index)
     index = torch.cat(where)
-    return torch.cat([norms[:, None], torch.cat(top), norms[index]], dim=1)
+    return torch.cat([norms[rows, None], torch.cat(top), norms[index]], dim=1)
+
+
+def _described(neighbourhoods: Tensor, k: int) -> Tensor:
+    """The description with ``k`` neighbours out of one computed with more (the norm, then k cosines, then k norms)."""
+    most = (neighbourhoods.shape[1] - 1) // 2
+    return torch.cat([neighbourhoods[:, :1 + k], neighbourhoods[:, 1 + most:1 + most + k]], dim=1)
+
+
+def _norms_agree(table_a: Tensor, table_b: Tensor) -> bool:
+    """Whether the two tables' row norms have one distribution (quantiles 1-99%, over their medians, within
+    :data:`NORM_SPREAD`): a basis map and a renaming keep every norm and quantisation or a fine-tune barely moves
+    them, so tables that differ here are not one table, and the quadratic row match is not run on them."""
+    levels = torch.linspace(0.01, 0.99, 99, dtype=torch.float64)
+    qa, qb = (torch.quantile(t.norm(dim=1).double(), levels) for t in (table_a, table_b))
+    qa, qb = qa / qa[49].clamp_min(1e-12), qb / qb[49].clamp_min(1e-12)
+    return bool(((qa - qb).abs() / qa.clamp_min(1e-12)).max() <= NORM_SPREAD)
+
+
+def _renamed_in_place(base: Any, suspect: Any, table_a: Tensor, table_b: Tensor, seed: int) -> Int[Tensor, "v_a"] | None:
+    """The renaming of a suspect that kept the base's basis, found on the 64-dimensional sketches of the rows
+    (:func:`~lens_bias.seedprint.vocabulary.embedding_sketch`) and checked on the rows themselves; None otherwise."""
+    sketch_a, sketch_b = embedding_sketch(base), embedding_sketch(suspect)
+    if not is_renamed(sketch_a, sketch_b, seed=seed):
+        return None
+    ids = nearest_rows(sketch_a, sketch_b)[1]
+    return ids if _one_table(table_a, table_b, ids, seed) else None
 
 
 def _match_rows(table_a: Tensor, table_b: Tensor, seed: int) -> Int[Tensor, "v_a"] | None:
@@ -178,18 +218,34 @@ def _match_rows(table_a: Tensor, table_b: Tensor, seed: int) -> Int[Tensor, "v_a
     fit_rows, judged = order[:_SAMPLE], order[_SAMPLE:2 * _SAMPLE]
     judged = judged if len(judged) else fit_rows
     unit_a = unit(table_a)
-    for k in _NEIGHBOURS:
-        if k >= min(table_a.shape[0], table_b.shape[0]):
-            break
-        described_a, described_b = _neighbourhoods(table_a, k), _neighbourhoods(table_b, k)
+    usable = [k for k in _NEIGHBOURS if k < min(table_a.shape[0], table_b.shape[0])]
+    if not usable:
+        return None
+    # the base's sampled rows against its table, every suspect row against its own (the quadratic step), for the most
+    # neighbours; fewer are read from the same pass
+    most_a, most_b = _neighbourhoods(table_a, usable[-1], fit_rows), _neighbourhoods(table_b, usable[-1])
+    for k in usable:
+        described_a, described_b = _described(most_a, k), _described(most_b, k)
         centre, spread = described_a.mean(dim=0), described_a.std(dim=0).clamp_min(1e-12)
-        start = _closest((described_a[fit_rows] - centre) / spread, (described_b - centre) / spread)
+        start = _closest((described_a - centre) / spread, (described_b - centre) / spread)
         mapped = unit(table_b @ _refined(table_a, table_b, fit_rows, start))
         cosine, _ = nearest_rows(unit_a[judged], mapped)
         if (cosine >= MATCH_COSINE).float().mean().item() >= SAME_TABLE:
             logger.info("the suspect's embedding rows are the base's under a basis map and a renaming: tokens follow them")
-            return nearest_rows(unit_a, mapped)[1]
+            return _nearest_everywhere(unit_a, mapped)
     return None
+
+
+def _nearest_everywhere(unit_a: Tensor, mapped: Tensor) -> Tensor:
+    """Each base row's nearest suspect row, once both are in one basis: searched on 64-dimensional sketches (one
+    projection for both, as :func:`~lens_bias.seedprint.vocabulary.embedding_sketch` draws it), and searched again in
+    full for the rows whose sketch match is not a match (cosine below :data:`MATCH_COSINE`)."""
+    projection = torch.randn(unit_a.shape[1], SKETCH_DIMS, generator=torch.Generator().manual_seed(unit_a.shape[1]))
+    _, index = nearest_rows(unit(unit_a @ projection), unit(mapped @ projection))
+    missed = ((unit_a * mapped[index]).sum(dim=1) < MATCH_COSINE).nonzero().flatten()
+    if len(missed):
+        index[missed] = nearest_rows(unit_a[missed], mapped)[1]
+    return index
 
 
 def _closest(rows: Tensor, table: Tensor) -> Tensor:

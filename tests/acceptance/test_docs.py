@@ -106,6 +106,18 @@ def test_readme_fits_on_two_screens_and_keeps_the_set_up_format():
     assert (ROOT / "docs" / "assets").is_dir() and all((ROOT / m).exists() for m in re.findall(r"\]\((docs/assets/[^)]+)\)", text))
 
 
+def test_readme_reads_in_five_minutes():
+    """At most 700 words (the results-file markers are HTML comments, not words); each headline cell at most 40
+    words, and each row links to the page that holds its run."""
+    text = re.sub(r"<!--.*?-->", "", (ROOT / "README.md").read_text(encoding="utf-8"), flags=re.S)
+    assert len(text.split()) <= 700
+    rows = [line for line in text.split("## Headline results", 1)[1].split("\n## ", 1)[0].splitlines() if line.startswith("| ") and "---" not in line]
+    for row in rows[1:]:
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        assert max(len(cell.split()) for cell in cells) <= 40, row
+        assert re.search(r"\]\(docs/[^)]+\.md", cells[-1]), row
+
+
 def test_shipped_text_speaks_of_the_software_only():
     shipped = [ROOT / "README.md", *DOCS.rglob("*.md"), *(ROOT / "examples").glob("*.ipynb"), *(ROOT / "lens_bias").rglob("*.py")]
     for path in shipped:

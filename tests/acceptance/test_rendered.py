@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ def test_every_results_file_says_where_it_came_from():
     for path in sorted((ROOT / "docs" / "results").glob("*.json")):
         record = json.loads(path.read_text())
         assert {"command", "date", "versions", "machine", "numbers", "depends"} <= set(record), path.name
+        assert not re.search(r"(^|\s)/\S", record["command"]), f"{path.name}: a path outside the repository in {record['command']!r}"
         for source in record["depends"]:
             assert (ROOT / source).exists(), f"{path.name} depends on {source}, which is not in the repository"
 

@@ -348,21 +348,18 @@ def test_a_renamed_vocabulary_is_found_by_compare(smollm2, smollm2_hf):
 
 
 def test_disguised_descendants_are_found_by_compares_default(smollm2):
-    """SmolLM2 rotated (norm gains folded, as QuaRot ships it) or permuted, each with its vocabulary renamed (the same
-    function on text under a tokenizer renamed alike): each mode alone calls them unrelated, compare's default reads
-    the token map and the basis map from the weights and calls them related; the same disguise of a random init of
-    SmolLM2's shape stays unrelated."""
+    """SmolLM2 rotated (norm gains folded, as QuaRot ships it) with its vocabulary renamed (the same function on text
+    under a tokenizer renamed alike): each mode alone calls it unrelated, compare's default reads the token map and
+    the basis map from the weights and calls it related; the same disguise of a random init of SmolLM2's shape stays
+    unrelated. (The permuted basis, 4-bit weights and a fine-tune combine with it on tiny inits, test_auto_align.py.)"""
     from lens_bias import seedprint as sp
-    from lens_bias.models.reparametrise import permute_residual, rename_vocabulary, rotate_residual
+    from lens_bias.models.reparametrise import rename_vocabulary, rotate_residual
     from lens_bias.models.transforms import random_inits
 
     sizes = dict(n=256, seq_len=16, progress=False)
-    for edit, basis in ((rotate_residual, "orthogonal"), (permute_residual, "permutation")):
-        suspect = rename_vocabulary(edit(smollm2, seed=1), seed=2)
-        found = sp.compare(smollm2, suspect, **sizes)
-        assert found.same_lineage and found.log10_p < -10 and found.tau_bar > 0.99, str(found)
-        assert (found.token_source, found.basis_map, found.renamed_vocabulary) == ("weights", basis, True), str(found)
-        del suspect
+    found = sp.compare(smollm2, rename_vocabulary(rotate_residual(smollm2, seed=1), seed=2), **sizes)
+    assert found.same_lineage and found.log10_p < -10 and found.tau_bar > 0.99, str(found)
+    assert (found.token_source, found.basis_map, found.renamed_vocabulary) == ("weights", "orthogonal", True), str(found)
     control = rename_vocabulary(rotate_residual(next(random_inits(smollm2, [1_000_000])), seed=1), seed=2)
     unrelated = sp.compare(smollm2, control, **sizes)
     assert not unrelated.same_lineage and unrelated.basis_map == "none", str(unrelated)

@@ -116,3 +116,17 @@ def test_tokenizers_give_the_map_where_they_agree_with_the_rows(base, monkeypatc
     tokens = correspondence.token_map(base, renamed)
     assert tokens.source == "tokenizer" and torch.equal(tokens.ids, renamed.lens_bias_vocabulary)
     assert sp.compare(base, renamed, align="auto", **KW).log10_p < -10
+
+
+def test_the_shortcuts_agree_with_the_full_row_match(base):
+    """A renaming that kept the basis is found on the sketches, as the full row match finds it; tables whose row norms
+    differ are not matched at all (no basis map or renaming changes a norm), while edits that keep the function pass."""
+    renamed = rename_vocabulary(base, seed=3)
+    a, b = correspondence._table(base), correspondence._table(renamed)
+    quick = correspondence._renamed_in_place(base, renamed, a, b, 0)
+    assert torch.equal(quick, renamed.lens_bias_vocabulary) and torch.equal(quick, correspondence._match_rows(a, b, 0))
+    for edited in (rotate_residual(base, seed=2), quantize(base, 4), _with_tokens_added(rename_vocabulary(base, seed=3))):
+        assert correspondence._norms_agree(a, correspondence._table(edited))
+    spread = a.clone()
+    spread[: len(spread) // 2] *= 3  # half the rows three times longer: another norm distribution
+    assert not correspondence._norms_agree(a, spread)
