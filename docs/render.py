@@ -29,10 +29,10 @@ from lens_bias.core.provenance import source_hash
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
-NUMBER = re.compile(r"<!-- r (\w+)\.([\w.]+)(?: ([^ ]+))? -->(.*?)<!-- /r -->", re.S)
-TABLE = re.compile(r"<!-- r-table (\w+)\.(\w+) -->\n(.*?)<!-- /r-table -->", re.S)
-CODE = re.compile(r"(^```.*?^```|`[^`\n]*`)", re.S | re.M)
-SOURCES = re.compile(r"<!-- r-sources -->\n(.*?)<!-- /r-sources -->", re.S)
+# a marker right after a backtick is an example of one (a page that documents them), not a marker
+NUMBER = re.compile(r"(?<!`)<!-- r (\w+)\.([\w.]+)(?: ([^ ]+))? -->(.*?)<!-- /r -->", re.S)
+TABLE = re.compile(r"(?<!`)<!-- r-table (\w+)\.(\w+) -->\n(.*?)<!-- /r-table -->", re.S)
+SOURCES = re.compile(r"(?<!`)<!-- r-sources -->\n(.*?)<!-- /r-sources -->", re.S)
 
 
 def load(name: str, cache: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -103,11 +103,7 @@ def render(text: str, cache: dict[str, dict[str, Any]], page: Path) -> str:
         note = "; † an older run than the code it depends on" if older else ""
         return f"<!-- r-sources -->\nFrom the results files {', '.join(parts)}{note}.\n<!-- /r-sources -->"
 
-    # markers shown as code (a page that documents them) are left as they are
-    parts = CODE.split(text)
-    for i in range(0, len(parts), 2):
-        parts[i] = SOURCES.sub(sources, TABLE.sub(table, NUMBER.sub(number, parts[i])))
-    return "".join(parts)
+    return SOURCES.sub(sources, TABLE.sub(table, NUMBER.sub(number, text)))
 
 
 def main(argv: list[str]) -> int:

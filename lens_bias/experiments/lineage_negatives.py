@@ -103,10 +103,7 @@ class NegativesResult:
         return pd.DataFrame(rows)
 
     def markdown(self) -> str:
-        table = self.rates()
-        shown = pd.DataFrame({"negatives": table.negatives, "mode": table["mode"], "pairs": table.pairs,
-                              "false positives": table.false_positives, "FPR": table.fpr, "95% upper": table.fpr_upper95, "median τ̄": table.median_tau_bar})
-        return markdown_table(shown, formats={"FPR": ".3f", "95% upper": ".3f", "median τ̄": ".4f"})
+        return markdown_table(_shown(self.rates()), formats=SHOWN_FORMATS)
 
     def save(self, out: Union[str, Path], command: str | None = None) -> None:
         """pairs.csv, rates.csv, rates.md and ``lineage_negatives.json``: the rates as a results file
@@ -116,15 +113,22 @@ class NegativesResult:
         self.pairs.to_csv(out / "pairs.csv", index=False)
         rates = self.rates()
         rates.to_csv(out / "rates.csv", index=False)
-        (out / "rates.md").write_text(self.markdown())
+        (out / "rates.md").write_text(markdown_table(_shown(rates), formats=SHOWN_FORMATS))
         keyed = rates.assign(mode=["published" if m == "None" else m for m in rates["mode"]])
         numbers = {"config": self.config.to_dict(), "unigram_entropy": float(self.training.unigram_entropy.iloc[0]),
                    "eval_loss.min": float(self.training.eval_loss.min()), "eval_loss.max": float(self.training.eval_loss.max()),
                    **numbers_of(keyed, ["mode", "negatives"], "rates")}
-        shown = rates.assign(mode=["None (published)" if m == "None" else f'"{m}"' for m in rates["mode"]])
-        shown.columns = ["negatives", "mode", "pairs", "false positives", "FPR", "95% upper", "median τ̄"]
-        tables = {"rates": table_of(shown, {"FPR": ".3f", "95% upper": ".3f", "median τ̄": ".4f"})}
+        labelled = rates.assign(mode=["None (published)" if m == "None" else f'"{m}"' for m in rates["mode"]])
+        tables = {"rates": table_of(_shown(labelled), SHOWN_FORMATS)}
         write_results(out / "lineage_negatives.json", results_record(numbers, tables, DEPENDS, command))
+
+
+SHOWN_FORMATS = {"FPR": ".3f", "95% upper": ".3f", "median τ̄": ".4f"}
+
+
+def _shown(rates: pd.DataFrame) -> pd.DataFrame:
+    """The rates with the column names a reader sees (:data:`SHOWN_FORMATS` formats them)."""
+    return rates.set_axis(["negatives", "mode", "pairs", "false positives", "FPR", "95% upper", "median τ̄"], axis=1)
 
 
 def clopper_pearson_upper(positives: int, count: int, level: float = 0.95) -> float:

@@ -45,7 +45,7 @@ from torch import Tensor
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.stats import unit
 from lens_bias.seedprint.align import map_matrix
-from lens_bias.seedprint.vocabulary import MATCH_COSINE, SAME_TABLE, SKETCH_DIMS, embedding_sketch, is_renamed, nearest_rows
+from lens_bias.seedprint.vocabulary import MATCH_COSINE, SAME_TABLE, embedding_sketch, nearest_rows, renamed_ids, sketch_rows
 
 __all__ = ["TokenMap", "BasisMap", "token_map", "basis_map", "FIT", "BASIS_KINDS"]
 
@@ -194,18 +194,15 @@ def _norms_agree(table_a: Tensor, table_b: Tensor) -> bool:
     them, so tables that differ here are not one table, and the quadratic row match is not run on them."""
     levels = torch.linspace(0.01, 0.99, 99, dtype=torch.float64)
     qa, qb = (torch.quantile(t.norm(dim=1).double(), levels) for t in (table_a, table_b))
-    qa, qb = qa / qa[49].clamp_min(1e-12), qb / qb[49].clamp_min(1e-12)
+    qa, qb = qa / qa[49].clamp_min(1e-12), qb / qb[49].clamp_min(1e-12)  # levels[49] is the median
     return bool(((qa - qb).abs() / qa.clamp_min(1e-12)).max() <= NORM_SPREAD)
 
 
 def _renamed_in_place(base: Any, suspect: Any, table_a: Tensor, table_b: Tensor, seed: int) -> Int[Tensor, "v_a"] | None:
     """The renaming of a suspect that kept the base's basis, found on the 64-dimensional sketches of the rows
     (:func:`~lens_bias.seedprint.vocabulary.embedding_sketch`) and checked on the rows themselves; None otherwise."""
-    sketch_a, sketch_b = embedding_sketch(base), embedding_sketch(suspect)
-    if not is_renamed(sketch_a, sketch_b, seed=seed):
-        return None
-    ids = nearest_rows(sketch_a, sketch_b)[1]
-    return ids if _one_table(table_a, table_b, ids, seed) else None
+    ids = renamed_ids(embedding_sketch(base), embedding_sketch(suspect), torch.arange(table_a.shape[0]), seed=seed)
+    return ids if ids is not None and _one_table(table_a, table_b, ids, seed) else None
 
 
 def _match_rows(table_a: Tensor, table_b: Tensor, seed: int) -> Int[Tensor, "v_a"] | None:
@@ -238,10 +235,9 @@ def _match_rows(table_a: Tensor, table_b: Tensor, seed: int) -> Int[Tensor, "v_a
 
 def _nearest_everywhere(unit_a: Tensor, mapped: Tensor) -> Tensor:
     """Each base row's nearest suspect row, once both are in one basis: searched on 64-dimensional sketches (one
-    projection for both, as :func:`~lens_bias.seedprint.vocabulary.embedding_sketch` draws it), and searched again in
+    projection for both, :func:`~lens_bias.seedprint.vocabulary.sketch_rows`), and searched again in
     full for the rows whose sketch match is not a match (cosine below :data:`MATCH_COSINE`)."""
-    projection = torch.randn(unit_a.shape[1], SKETCH_DIMS, generator=torch.Generator().manual_seed(unit_a.shape[1]))
-    _, index = nearest_rows(unit(unit_a @ projection), unit(mapped @ projection))
+    _, index = nearest_rows(sketch_rows(unit_a), sketch_rows(mapped))
     missed = ((unit_a * mapped[index]).sum(dim=1) < MATCH_COSINE).nonzero().flatten()
     if len(missed):
         index[missed] = nearest_rows(unit_a[missed], mapped)[1]

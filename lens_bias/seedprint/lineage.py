@@ -172,6 +172,7 @@ def caveats(result: "SeedPrintResult", both_trained: bool) -> str | None:
     found += [TRAINED] if both_trained and analytic else []
     return "; ".join(found) or None
 
+
 COMPARE = LineageSettings(align="auto")
 """:func:`compare`'s test when none is given: the token and basis maps read from the weights, then the published test
 (exactly it, to the same p, where nothing was renamed or rotated)."""

@@ -80,9 +80,14 @@ def embedding_sketch(model: Any) -> Float[Tensor, "d_vocab k"]:
     >>> embedding_sketch(lens_bias.random_init("llama", d_model=32, n_layers=1, n_heads=4, d_vocab=50, n_ctx=8)).shape
     torch.Size([50, 64])
     """
-    rows = _unit_rows(model)
+    return sketch_rows(_unit_rows(model)).half()
+
+
+def sketch_rows(rows: Float[Tensor, "v d"]) -> Float[Tensor, "v k"]:
+    """``rows`` projected to :data:`SKETCH_DIMS` dimensions by a projection drawn from the width alone, and made unit:
+    two tables of one width, in one basis, are sketched alike."""
     projection = torch.randn(rows.shape[1], SKETCH_DIMS, generator=torch.Generator().manual_seed(rows.shape[1]))
-    return unit(rows @ projection).half()
+    return unit(rows.float() @ projection)
 
 
 def is_renamed(table_a: Float[Tensor, "v_a d"], table_b: Float[Tensor, "v_b d"], *, seed: int = 0) -> bool:

@@ -61,3 +61,16 @@ def test_a_run_older_than_its_code_says_so(results):
 def test_a_name_the_file_lacks_is_refused(results):
     with pytest.raises(SystemExit, match="no number 'missing'"):
         render.render("<!-- r run.missing -->1<!-- /r -->", {}, ROOT / "README.md")
+
+
+def test_a_rendered_table_is_rendered_again_when_its_run_changes(results):
+    """The provenance line a table carries has code in it (the command); rendering must still find the whole marker."""
+    page = ROOT / "docs" / "page.md"
+    first = render.render("<!-- r-table run.t -->\n<!-- /r-table -->", {}, page)
+    record = json.loads((results / "run.json").read_text())
+    record["tables"]["t"]["rows"] = [["x", 2.5]]
+    record["command"] = "lens-bias y"
+    (results / "run.json").write_text(json.dumps(record))
+    again = render.render(first, {}, page)
+    assert "| x | 2.50 |" in again and "`lens-bias y`" in again and "1.50" not in again and "lens-bias x" not in again
+    assert render.render("`<!-- r run.n -->9<!-- /r -->`", {}, page) == "`<!-- r run.n -->9<!-- /r -->`"  # an example stays
