@@ -183,15 +183,21 @@ def _fingerprint_flags(parser: argparse.ArgumentParser, defaults: FingerprintSet
     parser.add_argument("--vocab", type=int, default=None, help="draw token IDs below this (default: the smallest vocabulary compared)")
 
 
-def _test_flags(parser: argparse.ArgumentParser, level: str = "significance level") -> None:
-    """--m, --ratio-k, --alpha, --align: the lineage test's settings, with LineageSettings' defaults."""
+def _test_flags(parser: argparse.ArgumentParser, level: str = "significance level", *, models: bool = False) -> None:
+    """--m, --ratio-k, --alpha, --align: the lineage test's settings, with LineageSettings' defaults; ``models``: the
+    command reads models, so --align also takes auto (its default) and none (the published test)."""
     defaults = LineageSettings()
     parser.add_argument("--m", type=int, default=None, help="identity dimensions (default: ratio-k × D)")
     parser.add_argument("--ratio-k", type=float, default=defaults.ratio_k, help="m as a share of D")
     parser.add_argument("--alpha", type=float, default=defaults.alpha, help=level)
-    parser.add_argument("--align", choices=[m for m in seedprint.ALIGN_MODES if m], default=None,
-                        help="fit a map from each suspect's features to the base's basis first (a permuted or rotated basis), "
-                        "on half the inputs, and test on the other half")
+    fitted = [m for m in seedprint.ALIGN_MODES if m]
+    help_fitted = "permutation/orthogonal/linear: fit a map from each suspect's features to the base's basis on half the inputs, test on the other half"
+    if models:
+        parser.add_argument("--align", choices=["auto", "none", *fitted], default=None,
+                            help="auto (the default with models): the token and basis maps read from the weights, as compare() does; "
+                            f"none: the published test (the default with saved fingerprints); {help_fitted}")
+    else:
+        parser.add_argument("--align", choices=fitted, default=None, help=f"{help_fitted} (default: the published test)")
 
 
 def _seedprint_parser(command: Command) -> None:
@@ -224,7 +230,7 @@ def _lineage_parser(command: Command) -> None:
     g.add_argument("models", nargs="+", metavar="MODEL", help="model files, folders of them, shipped names, random-init specs")
     g.add_argument("--labels", action="append", default=None, metavar="FILE",
                    help="CSV (model,base) or JSON {model: base}: the base each model descends from (repeatable, e.g. one labels.csv per 'lens-bias descendants --out')")
-    _test_flags(g, "level of the adjusted verdicts")
+    _test_flags(g, "level of the adjusted verdicts", models=True)
     g.add_argument("--null-fingerprints", nargs="+", default=(), metavar="FP",
                    help="with --align, the seeds null of saved fingerprints (files or folders): those of each model's width, less the pair tested")
     g.add_argument("--correction", choices=list(seedprint.families.CORRECTIONS), default="holm", help="multiple-testing correction")
@@ -334,9 +340,10 @@ def _lineage(args: argparse.Namespace) -> str:
         missing = [name for name, base in labels.items() if base is None]
         if missing:
             raise LensBiasError(f"{', '.join(args.labels)} name no base for {missing}")
+    chosen: dict[str, Any] = {} if args.align is None else {"align": None if args.align == "none" else args.align}  # else pairwise_lineage's default
     result = seedprint.pairwise_lineage(
         models, FingerprintSettings(n=args.n, seq_len=args.seq_len, seed=args.input_seed, vocab=args.vocab),
-        LineageSettings(m=args.m, ratio_k=args.ratio_k, alpha=args.alpha, align=args.align), labels=labels, correction=args.correction,
+        m=args.m, ratio_k=args.ratio_k, alpha=args.alpha, **chosen, labels=labels, correction=args.correction,
         cache=args.cache, progress=not args.no_progress, null_fingerprints=[seedprint.Fingerprint.load(f) for f in seedprint.cache.expand_models(args.null_fingerprints) if f.endswith(".pt")],
     )
     if args.out:

@@ -81,7 +81,9 @@ PRESETS = {
 class NegativesResult:
     """Every pair's verdict under every mode, and the false-positive rate of each mode on each kind of negative."""
 
-    pairs: pd.DataFrame  # negatives, order, base, suspect, mode, p, log10_p, tau_bar, related, token_source, basis_map, basis_fit
+    # negatives, order, base, suspect, mode, p, log10_p, tau_bar, related, token_source, basis_map, basis_fit, and with "auto" the
+    # embedding tables' agreement (tables_z, tables_log10_p) and whether the verdict asked it (tables_asked: both trained)
+    pairs: pd.DataFrame
     training: pd.DataFrame  # seed, data_seed, eval_loss, unigram_entropy
     config: NegativesConfig
 
@@ -102,6 +104,17 @@ class NegativesResult:
                              "fpr_upper95": clopper_pearson_upper(positives, count), "median_tau_bar": float(group.tau_bar.median())})
         return pd.DataFrame(rows)
 
+    def tables_numbers(self) -> dict[str, float]:
+        """The embedding tables' agreement z (:mod:`~lens_bias.seedprint.tables`) under the default, per kind of
+        negative: the largest, and the share of pairs whose bound is below α."""
+        auto = self.pairs[self.pairs["mode"] == "auto"]
+        numbers = {}
+        for kind, frame in auto.groupby("negatives"):
+            key = "tables." + str(kind).replace(" ", "_")
+            numbers[f"{key}.max_z"] = float(frame.tables_z.max())
+            numbers[f"{key}.below_alpha"] = float((frame.tables_log10_p < math.log10(ALPHA)).mean())
+        return numbers
+
     def markdown(self) -> str:
         return markdown_table(_shown(self.rates()), formats=SHOWN_FORMATS)
 
@@ -117,7 +130,7 @@ class NegativesResult:
         keyed = rates.assign(mode=["published" if m == "None" else m for m in rates["mode"]])
         numbers = {"config": self.config.to_dict(), "unigram_entropy": float(self.training.unigram_entropy.iloc[0]),
                    "eval_loss.min": float(self.training.eval_loss.min()), "eval_loss.max": float(self.training.eval_loss.max()),
-                   **numbers_of(keyed, ["mode", "negatives"], "rates")}
+                   **numbers_of(keyed, ["mode", "negatives"], "rates"), **self.tables_numbers()}
         labelled = rates.assign(mode=["None (published)" if m == "None" else f'"{m}"' for m in rates["mode"]])
         tables = {"rates": table_of(_shown(labelled), SHOWN_FORMATS)}
         write_results(out / "lineage_negatives.json", results_record(numbers, tables, DEPENDS, command))
@@ -204,7 +217,9 @@ def _compared(modes: Sequence[str | None], config: NegativesConfig, base: Any, s
     for mode in modes:
         result = seedprint.compare(base, suspect, n=config.n, seq_len=config.input_len, m=config.m, align=mode, progress=False)
         out.append({**row, "mode": "None" if mode is None else mode, "p": result.p, "log10_p": result.log10_p, "tau_bar": result.tau_bar,
-                    "related": result.same_lineage, "token_source": result.token_source, "basis_map": result.basis_map, "basis_fit": result.basis_fit})
+                    "related": result.same_lineage, "token_source": result.token_source, "basis_map": result.basis_map, "basis_fit": result.basis_fit,
+                    "tables_z": None if result.tables is None else result.tables.z, "tables_log10_p": None if result.tables is None else result.tables.log10_p,
+                    "tables_asked": result.tables_asked})
     return out
 
 

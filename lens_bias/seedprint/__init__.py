@@ -18,7 +18,8 @@ families (:mod:`~lens_bias.seedprint.families`).
 Modules: :mod:`~lens_bias.seedprint.fingerprints` (the features), :mod:`~lens_bias.seedprint.statistic` (identity
 dimensions, τ̄), :mod:`~lens_bias.seedprint.align`, :mod:`~lens_bias.seedprint.nulls`,
 :mod:`~lens_bias.seedprint.lineage` (the test, ``compare``), :mod:`~lens_bias.seedprint.correspondence` (the token and
-basis maps of ``align="auto"``), :mod:`~lens_bias.seedprint.families` (with its run of models,
+basis maps of ``align="auto"``), :mod:`~lens_bias.seedprint.tables` (whether two embedding tables agree beyond chance,
+which ``align="auto"`` asks between trained models), :mod:`~lens_bias.seedprint.families` (with its run of models,
 :mod:`~lens_bias.seedprint.lineage_run`, and its cache, :mod:`~lens_bias.seedprint.cache`) and
 :mod:`~lens_bias.seedprint.calibration`.
 

@@ -1,6 +1,6 @@
 """Where :func:`~lens_bias.seedprint.families.pairwise_lineage` finds its models and keeps their fingerprints: MODEL
-strings expanded from folders, a model's identity as the SHA-256 of its content, fingerprints and embedding sketches
-cached on disk under that identity and the input spec, and the fingerprint a ``.pt`` file holds.
+strings expanded from folders, a model's identity as the SHA-256 of its content, fingerprints, embedding sketches and
+embedding tables cached on disk under that identity and the input spec, and the fingerprint a ``.pt`` file holds.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from lens_bias.core.corpora import cache_dir
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.files import atomic_save
 from lens_bias.models import SHIPPED, shipped_gguf
+from lens_bias.seedprint.correspondence import Embedding
 from lens_bias.seedprint.fingerprints import Fingerprint
 from lens_bias.seedprint.vocabulary import SKETCH_DIMS, embedding_sketch
 
@@ -78,6 +79,20 @@ class FingerprintCache:
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             fp.save(path)
+
+    def embedding(self, key: str | None, model: Callable[[], Any]) -> Embedding:
+        """The model's :class:`~lens_bias.seedprint.correspondence.Embedding` (its table, kept in float16, and its
+        tokenizer's vocabulary), read from the folder when it is there; the same rounding whether read or made."""
+        path = self.folder / f"{key}-embedding.pt" if self.folder is not None and key is not None else None
+        if path is not None and path.exists():
+            data = torch.load(path, map_location="cpu", weights_only=True)
+            return Embedding(data["table"].float(), data["words"])
+        made = Embedding.of(model())
+        table = made.table.half()
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_save({"table": table, "words": made.words}, path)
+        return Embedding(table.float(), made.words)
 
     def sketch(self, key: str | None, model: Callable[[], Any]) -> Tensor:
         """The model's :func:`~lens_bias.seedprint.vocabulary.embedding_sketch`, read from the folder when it is there."""

@@ -45,9 +45,9 @@ from torch import Tensor
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.stats import unit
 from lens_bias.seedprint.align import map_matrix
-from lens_bias.seedprint.vocabulary import MATCH_COSINE, SAME_TABLE, embedding_sketch, nearest_rows, renamed_ids, sketch_rows
+from lens_bias.seedprint.vocabulary import MATCH_COSINE, SAME_TABLE, nearest_rows, renamed_ids, sketch_rows
 
-__all__ = ["TokenMap", "BasisMap", "token_map", "basis_map", "FIT", "BASIS_KINDS"]
+__all__ = ["Embedding", "TokenMap", "BasisMap", "token_map", "basis_map", "FIT", "BASIS_KINDS"]
 
 logger = logging.getLogger(__name__)
 
@@ -105,24 +105,32 @@ class BasisMap:
         return x if self.matrix is None else (x.double() @ self.matrix).to(x.dtype)
 
 
-def _table(model: Any) -> Tensor:
-    w_e = getattr(model, "W_E", None)
-    if not isinstance(w_e, Tensor) or w_e.ndim != 2:
-        raise LensBiasError(f"{type(model).__name__} has no token embedding W_E [d_vocab, d_model] to read its tokens from")
-    return w_e.detach().float().cpu()
+@dataclass(frozen=True)
+class Embedding:
+    """What the maps read of a model: its token embedding table and its tokenizer's vocabulary (None without one).
+    A lineage run keeps these instead of the models (``LineageRun.embedding``)."""
 
+    table: Float[Tensor, "d_vocab d_model"]
+    words: dict[str, int] | None
 
-def _vocabulary(model: Any) -> dict[str, int] | None:
-    tokenizer = getattr(model, "tokenizer", None)
-    vocab = tokenizer.get_vocab() if tokenizer is not None and hasattr(tokenizer, "get_vocab") else None
-    return dict(vocab) if isinstance(vocab, dict) and vocab else None
+    @classmethod
+    def of(cls, model: Any) -> "Embedding":
+        """``model``'s (an :class:`Embedding` is returned as it is)."""
+        if isinstance(model, Embedding):
+            return model
+        w_e = getattr(model, "W_E", None)
+        if not isinstance(w_e, Tensor) or w_e.ndim != 2:
+            raise LensBiasError(f"{type(model).__name__} has no token embedding W_E [d_vocab, d_model] to read its tokens from")
+        tokenizer = getattr(model, "tokenizer", None)
+        vocab = tokenizer.get_vocab() if tokenizer is not None and hasattr(tokenizer, "get_vocab") else None
+        return cls(w_e.detach().float().cpu(), dict(vocab) if isinstance(vocab, dict) and vocab else None)
 
 
 def token_map(base: Any, suspect: Any, *, seed: int = 0) -> TokenMap:
     """The suspect's ID for each of the base's tokens.
 
     Args:
-        base: the base model.
+        base: the base model (or its :class:`Embedding`).
         suspect: the suspect, of any basis and vocabulary order.
         seed: which rows are sampled to match and to judge the match.
 
@@ -132,8 +140,8 @@ def token_map(base: Any, suspect: Any, *, seed: int = 0) -> TokenMap:
         basis map and a renaming; ``source="same"`` (the identity) where the kept order agrees; where the rows match
         nothing, the tokenizers' map, or the identity with ``source="none"``.
     """
-    table_a, table_b = _table(base), _table(suspect)
-    words_a, words_b = _vocabulary(base), _vocabulary(suspect)
+    a, b = Embedding.of(base), Embedding.of(suspect)
+    table_a, table_b, words_a, words_b = a.table.float(), b.table.float(), a.words, b.words
     v_a = table_a.shape[0]
     by_words = None
     if words_a is not None and words_b is not None:
@@ -151,7 +159,7 @@ def token_map(base: Any, suspect: Any, *, seed: int = 0) -> TokenMap:
     identity[identity >= table_b.shape[0]] = -1
     if _one_table(table_a, table_b, identity, seed):  # the cheap check first: most suspects keep their token order
         return TokenMap(identity, "same")
-    renamed = _renamed_in_place(base, suspect, table_a, table_b, seed)  # a renaming that kept the basis: cheap to find
+    renamed = _renamed_in_place(table_a, table_b, seed)  # a renaming that kept the basis: cheap to find
     if renamed is not None:
         return TokenMap(renamed, "weights")
     if not _norms_agree(table_a, table_b):  # no map makes them one table: the quadratic match is not needed to say so
@@ -198,10 +206,11 @@ def _norms_agree(table_a: Tensor, table_b: Tensor) -> bool:
     return bool(((qa - qb).abs() / qa.clamp_min(1e-12)).max() <= NORM_SPREAD)
 
 
-def _renamed_in_place(base: Any, suspect: Any, table_a: Tensor, table_b: Tensor, seed: int) -> Int[Tensor, "v_a"] | None:
+def _renamed_in_place(table_a: Tensor, table_b: Tensor, seed: int) -> Int[Tensor, "v_a"] | None:
     """The renaming of a suspect that kept the base's basis, found on the 64-dimensional sketches of the rows
     (:func:`~lens_bias.seedprint.vocabulary.embedding_sketch`) and checked on the rows themselves; None otherwise."""
-    ids = renamed_ids(embedding_sketch(base), embedding_sketch(suspect), torch.arange(table_a.shape[0]), seed=seed)
+    sketch_a, sketch_b = (sketch_rows(unit(t)).half() for t in (table_a, table_b))
+    ids = renamed_ids(sketch_a, sketch_b, torch.arange(table_a.shape[0]), seed=seed)
     return ids if ids is not None and _one_table(table_a, table_b, ids, seed) else None
 
 
@@ -285,7 +294,7 @@ def basis_map(base: Any, suspect: Any, tokens: TokenMap, *, seed: int = 0) -> Ba
     ``tokens`` pairs, with a residual at most :data:`FIT`; ``kind="none"`` (and the smallest residual) where none does.
 
     Args:
-        base: the base model.
+        base: the base model (or its :class:`Embedding`).
         suspect: the suspect.
         tokens: the suspect's ID for each base token (:func:`token_map`).
         seed: which corresponding rows the maps are fitted on (at most 8192).
@@ -293,7 +302,7 @@ def basis_map(base: Any, suspect: Any, tokens: TokenMap, *, seed: int = 0) -> Ba
     Returns:
         A :class:`BasisMap`, to apply to the suspect's features read before the final norm's gain.
     """
-    table_a, table_b = _table(base), _table(suspect)
+    table_a, table_b = Embedding.of(base).table, Embedding.of(suspect).table
     shared = tokens.shared
     if table_a.shape[1] != table_b.shape[1] or len(shared) < 2:
         return BasisMap("none", None, float("inf"))

@@ -8,9 +8,13 @@ and the input spec, so a re-run reads it instead of loading the model. Every uno
 first as the base); the p-values are adjusted for the M·(M−1)/2 tests (Holm, or Benjamini–Hochberg), and the
 models that are related after adjustment, directly or through others, form a family.
 
-With an alignment (``align="permutation" | "orthogonal" | "linear"``) each pair is judged against a seeds null
-aligned the same way: fresh random inits of the base's configuration (:func:`lens_bias.models.transforms.random_inits`),
-fingerprinted on the same inputs and cached like the models.
+By default each pair is tested as :func:`~lens_bias.seedprint.compare` tests it (``align="auto"``): through the
+token and basis maps read from the two models' embedding tables (cached like the fingerprints), so a renamed or
+rotated descendant is tested in its base's terms, and where nothing maps the published test is run on the
+fingerprints already made. Saved fingerprints hold no weights: a run of them is the published test. With an
+activation-fitted alignment (``align="permutation" | "orthogonal" | "linear"``) each pair is judged against a
+seeds null aligned the same way: fresh random inits of the base's configuration
+(:func:`lens_bias.models.transforms.random_inits`), fingerprinted on the same inputs and cached like the models.
 
 >>> import lens_bias
 >>> tiny = "llama:d=32,L=1,H=4,V=500,ctx=8"
@@ -24,7 +28,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Mapping, Sequence, Union
+from typing import Any, Literal, Mapping, Sequence, Union
 
 import pandas as pd
 import torch
@@ -38,8 +42,8 @@ from lens_bias.core.serialise import Serialisable
 from lens_bias.core.settings import overridden, route_keywords
 from lens_bias.core.stats import adjust_p, detection_metrics
 from lens_bias.seedprint.align import AlignMode, check_align
-from lens_bias.seedprint.fingerprints import Fingerprint, FingerprintSettings
-from lens_bias.seedprint.lineage import LineageSettings, lineage_test
+from lens_bias.seedprint.fingerprints import Fingerprint, FingerprintSettings, fingerprint
+from lens_bias.seedprint.lineage import COMPARE, LineageSettings, Maps, SeedPrintResult, lineage_test, mapped_inputs, mapped_test
 from lens_bias.seedprint.lineage_run import LineageRun, PairNulls, renamed_prints
 from lens_bias.seedprint.nulls import AnalyticNull
 
@@ -60,7 +64,7 @@ class LineageMatrix(Serialisable):
     families: list[list[str]]
     correction: str
     alpha: float
-    align: AlignMode
+    align: AlignMode | Literal["auto"]
     null: dict[str, Any]  # the null's settings (its to_dict())
     inputs: dict[str, Any]  # the fingerprints' input record
     seconds: dict[str, float] = field(default_factory=dict)  # per model: fingerprinting (0 when read from the cache)
@@ -68,6 +72,9 @@ class LineageMatrix(Serialisable):
     metrics: dict[str, float] | None = None  # LeaFBench's, over every pair, score −log10 p
     renamed: list[tuple[str, str]] = field(default_factory=list)  # (a, b): b's vocabulary is a's renamed, so b read a's tokens renamed
     tested: Bool[Tensor, "m m"] | None = None  # pairs tested (models of different widths are not)
+    # align="auto": per pair ("a\tb"), the maps read (token_source, basis_map, basis_fit) and the tables' agreement
+    # (tables_z, tables_log10_p, tables_asked: between trained models the verdict needs it)
+    maps: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_pandas(self) -> pd.DataFrame:
         """One row per pair: τ̄, log10 p, the adjusted p, the verdict and, with labels, whether they share a base."""
@@ -78,14 +85,16 @@ class LineageMatrix(Serialisable):
                        "p_adjusted": self.p_adjusted[i, j].item(), "related": bool(self.related[i, j])}
                 row["renamed_vocabulary"] = (self.names[i], self.names[j]) in self.renamed
                 row["tested"] = True if self.tested is None else bool(self.tested[i, j])
+                row.update(self.maps.get(f"{self.names[i]}\t{self.names[j]}", {}))
                 if self.labels is not None:
                     row["same_base"] = self.labels[i] == self.labels[j]
                 rows.append(row)
         return pd.DataFrame(rows)
 
     def summary(self) -> str:
-        test = f"aligned ({self.align}) " if self.align else ""
-        lines = [f"lineage of {len(self.names)} models: {test}SeedPrint on {self.inputs.get('n')} × {self.inputs.get('seq_len')} {self.inputs.get('kind')}, "
+        test = f"aligned ({self.align}) " if self.align not in (None, "auto") else ""
+        via = " through the token and basis maps read from the weights (auto)" if self.align == "auto" else ""
+        lines = [f"lineage of {len(self.names)} models: {test}SeedPrint{via} on {self.inputs.get('n')} × {self.inputs.get('seq_len')} {self.inputs.get('kind')}, "
                  f"{self.null.get('label', self.null.get('kind'))} null; {self._pairs_summary()}, "
                  f"{'Holm' if self.correction == 'holm' else 'Benjamini–Hochberg'}-adjusted at α {self.alpha}",
                  f"  {len(self.families)} famil{'y' if len(self.families) == 1 else 'ies'}:"]
@@ -152,9 +161,12 @@ def pairwise_lineage(
             models, or :class:`~lens_bias.seedprint.Fingerprint` objects made on the same inputs.
         settings: the fingerprints, on drawn tokens (default :data:`PAIRWISE`; ``vocab`` None: the smallest
             vocabulary among the models).
-        test: every pair's :class:`~lens_bias.seedprint.LineageSettings`; with an ``align`` mode and no ``null``,
-            each pair is judged against a seeds null of ``n_null`` random inits of its base's configuration, aligned
-            the same way (without one, the analytic null).
+        test: every pair's :class:`~lens_bias.seedprint.LineageSettings`. Default: ``compare``'s
+            (:data:`~lens_bias.seedprint.COMPARE`, ``align="auto"``: each pair through the token and basis maps read
+            from the two models' weights, and between trained models their tables asked to agree) where every
+            model has weights; the published test where some are saved fingerprints, which hold none. With an
+            activation-fitted ``align`` mode and no ``null``, each pair is judged against a seeds null of
+            ``n_null`` random inits of its base's configuration, aligned the same way.
         names: what to call them (default: the MODEL strings; ``model i`` for objects).
         labels: the base each model descends from (a list in model order, or ``{name: base}``); with them the
             result carries LeaFBench's metrics over every pair (related = same base).
@@ -172,19 +184,23 @@ def pairwise_lineage(
     """
     routed = route_keywords(overrides, {"settings": FingerprintSettings, "test": LineageSettings}, "pairwise_lineage()")
     prints_with = overridden(FingerprintSettings, settings if settings is not None else PAIRWISE, routed["settings"], "pairwise_lineage()")
-    testing = overridden(LineageSettings, test, routed["test"], "pairwise_lineage()")
+    testing = overridden(LineageSettings, test if test is not None else COMPARE, routed["test"], "pairwise_lineage()")
     if prints_with.inputs != "tokens":
         raise LensBiasError(f"pairwise_lineage fingerprints drawn token inputs (settings.inputs='tokens'), got {prints_with.inputs!r}")
     if correction not in CORRECTIONS:
         raise LensBiasError(f"correction must be one of {CORRECTIONS}, got {correction!r}")
-    if testing.align == "auto":
-        raise LensBiasError("pairwise_lineage does not take align='auto' yet; compare(model_a, model_b, align='auto') does")
-    check_align(testing.align)
+    if testing.align != "auto":
+        check_align(testing.align)
     run = LineageRun.of(models, names, cache)
+    if testing.align == "auto" and any(isinstance(x, Fingerprint) for x in run.sources):
+        if test is not None or "align" in routed["test"]:
+            raise LensBiasError("align='auto' reads each model's weights, which a saved fingerprint does not hold: pass the models, or align=None for the published test")
+        testing = replace(testing, align=None)  # the default, on saved fingerprints: the published test
+    auto = testing.align == "auto"
     if prints_with.vocab is None:
         prints_with = replace(prints_with, vocab=min(run.vocab(i) for i in range(run.size)))
-    prints, sketches, seconds = run.fingerprints(prints_with, progress)
-    renamed = renamed_prints(run, prints, sketches, seconds)
+    prints, sketches, seconds = run.fingerprints(prints_with, progress, embeddings=auto)
+    renamed = {} if auto else renamed_prints(run, prints, sketches, seconds)  # "auto" reads renamings from its token map
     nulls = PairNulls(testing, n_null, null_fingerprints, run, prints)
     size = run.size
     tau, log10_p = torch.full((size, size), float("nan")), torch.zeros(size, size)
@@ -192,8 +208,12 @@ def pairwise_lineage(
     pairs = [(i, j) for i in range(size) for j in range(i + 1, size) if prints[i].d == prints[j].d]
     if len(pairs) < size * (size - 1) // 2:
         logger.info("%d of %d pairs have different widths and are not tested", size * (size - 1) // 2 - len(pairs), size * (size - 1) // 2)
+    maps: dict[tuple[int, int], SeedPrintResult] = {}
     for i, j in tqdm(pairs, desc="pairs", disable=not progress):
-        res = lineage_test(prints[i], renamed.get((i, j), prints[j]), replace(testing, null=nulls.of(i, j)))
+        if auto:
+            res = maps[(i, j)] = _auto_pair(run, prints, prints_with, replace(testing, align=None, null=nulls.of(i, j)), i, j)
+        else:
+            res = lineage_test(prints[i], renamed.get((i, j), prints[j]), replace(testing, null=nulls.of(i, j)))
         tau[i, j] = tau[j, i] = res.tau_bar
         log10_p[i, j] = log10_p[j, i] = res.log10_p
     adjusted_flat = [float(v) for v in adjust_p([10 ** log10_p[i, j].item() for i, j in pairs], correction)] if pairs else []
@@ -202,16 +222,52 @@ def pairwise_lineage(
         adjusted[i, j] = adjusted[j, i] = float(value)
         tested[i, j] = tested[j, i] = True
     related = adjusted < testing.alpha
+    for (i, j), res in maps.items():  # between trained models "auto" also asks the tables to agree (seedprint.tables)
+        if res.tables_asked and res.tables is not None and not res.tables.agrees(testing.alpha):
+            related[i, j] = related[j, i] = False
     related.fill_diagonal_(False)
     label_list = _labels(labels, run.names)
     same = [label_list[i] == label_list[j] for i, j in pairs] if label_list is not None else []
-    metrics = detection_metrics([-log10_p[i, j].item() for i, j in pairs], same) if any(same) and not all(same) else None
+    metrics = detection_metrics([_score(log10_p, maps, testing.alpha, i, j) for i, j in pairs], same) if any(same) and not all(same) else None
     return LineageMatrix(
         names=run.names, tau_bar=tau, log10_p=log10_p, p_adjusted=adjusted, related=related, families=_families(run.names, related),
         correction=correction, alpha=testing.alpha, align=testing.align, null=(nulls.of(*pairs[0]) if pairs else AnalyticNull()).to_dict(),
         inputs=_inputs_record(run.sources, prints, run.spec), seconds=seconds, labels=label_list, metrics=metrics,
-        renamed=[(run.names[i], run.names[j]) for i, j in sorted(renamed)], tested=tested,
+        renamed=[(run.names[i], run.names[j]) for i, j in sorted(renamed) + sorted(k for k, r in maps.items() if r.renamed_vocabulary)], tested=tested,
+        maps={f"{run.names[i]}\t{run.names[j]}": _maps_record(res) for (i, j), res in maps.items()},
     )
+
+
+def _auto_pair(run: LineageRun, prints: Sequence[Fingerprint], settings: FingerprintSettings, test: LineageSettings, i: int, j: int) -> SeedPrintResult:
+    """One pair under align="auto": the maps read from the two models' embeddings; the fingerprints already made,
+    unless the token map changes the inputs (then both models are fingerprinted again on them), tested through the
+    basis map (:func:`mapped_test`), or as they are where nothing maps (the published test)."""
+    embedding_a, embedding_b = run.embedding(i), run.embedding(j)
+    assert embedding_a is not None and embedding_b is not None  # pairwise_lineage refused saved fingerprints
+    maps = Maps.read(embedding_a, embedding_b)
+    inputs = mapped_inputs(maps, settings)
+    fp_a, fp_b = prints[i], prints[j]
+    if inputs is not None:  # the token map changes the inputs: both fingerprinted again on the tokens they share
+        logger.info("%s reads %s's tokens through its token map (%s)", run.names[j], run.names[i], maps.tokens.source)
+        fp_a, fp_b = (fingerprint(run.load(k), settings, inputs=read, progress=False) for k, read in zip((i, j), inputs))
+    result = lineage_test(fp_a, fp_b, test) if maps.nothing_to_map else mapped_test(fp_a, fp_b, maps.basis, test)
+    trained = all(p.model.get("regime") == "trained" for p in (prints[i], prints[j]))
+    return replace(maps.recorded(result), tables_asked=trained)
+
+
+def _score(log10_p: Tensor, maps: Mapping[tuple[int, int], SeedPrintResult], alpha: float, i: int, j: int) -> float:
+    """A pair's score for the detection metrics: −log10 p, or 0 where the tables were asked and do not agree."""
+    res = maps.get((i, j))
+    if res is not None and res.tables_asked and res.tables is not None and not res.tables.agrees(alpha):
+        return 0.0
+    return -log10_p[i, j].item()
+
+
+def _maps_record(res: SeedPrintResult) -> dict[str, Any]:
+    """What "auto" read for one pair, as plain values (pairs.csv's columns)."""
+    tables = res.tables
+    return {"token_source": res.token_source, "basis_map": res.basis_map, "basis_fit": res.basis_fit, "tables_z": None if tables is None else tables.z,
+            "tables_log10_p": None if tables is None else tables.log10_p, "tables_asked": res.tables_asked}
 
 
 def _inputs_record(sources: Sequence[Any], prints: Sequence[Fingerprint], spec: Mapping[str, Any]) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from lens_bias.core.errors import LensBiasError
 from lens_bias.core.inputs import RandomTokens
 from lens_bias.core.settings import overridden, route_keywords
 from lens_bias.seedprint.align import FIT_FRACTION, AlignMode, check_align, split_and_align
-from lens_bias.seedprint.correspondence import basis_map, token_map
+from lens_bias.seedprint.correspondence import BasisMap, TokenMap, basis_map, token_map
 from lens_bias.seedprint.fingerprints import (
     FeaturesLike,
     Fingerprint,
@@ -42,9 +42,10 @@ from lens_bias.seedprint.fingerprints import (
 )
 from lens_bias.seedprint.nulls import NULLS, AnalyticNull, Case, Null
 from lens_bias.seedprint.statistic import MODES, tau_statistic
+from lens_bias.seedprint.tables import TableAgreement, table_agreement
 from lens_bias.seedprint.vocabulary import renamed_tokens
 
-__all__ = ["SeedPrintResult", "LineageSettings", "lineage_test", "compare", "fingerprint_like", "ALPHA", "STRONG", "COMPARE"]
+__all__ = ["SeedPrintResult", "LineageSettings", "Maps", "lineage_test", "compare", "mapped_inputs", "mapped_test", "fingerprint_like", "ALPHA", "STRONG", "COMPARE"]
 
 # The papers' significance level for "same lineage", and the bar a known descendant must clear (LeaFBench-style
 # "overwhelmingly related", as the papers report related pairs at p ≲ 1e-10).
@@ -87,11 +88,15 @@ class SeedPrintResult:
     # Why a "related" verdict may not mean lineage (:func:`caveats`: a map fitted on the activations, or the analytic
     # null between two trained models)
     caveat: str | None = None
+    # With align="auto": whether the two embedding tables agree beyond chance (:mod:`~lens_bias.seedprint.tables`),
+    # and whether the verdict asks them to (between two trained models, where the analytic null alone does not hold)
+    tables: TableAgreement | None = None
+    tables_asked: bool = False
 
     @property
     def same_lineage(self) -> bool:
-        """The verdict: p < alpha."""
-        return self.p < self.alpha
+        """The verdict: p < alpha, and, where the tables were asked (``tables_asked``), tables that agree."""
+        return self.p < self.alpha and (not self.tables_asked or self.tables is None or self.tables.agrees(self.alpha))
 
     def to_pandas(self) -> pd.DataFrame:
         """Per identity dimension: τ and the two models' mean feature values."""
@@ -107,6 +112,9 @@ class SeedPrintResult:
         if self.basis_map is not None:
             aligned += f", auto: tokens {self.token_source}, basis {self.basis_map} (residual {self.basis_fit:.3g})"
         caveat = f"; {self.caveat}" if self.caveat else ""
+        if self.p < self.alpha and not self.same_lineage and self.tables is not None:  # the tables overruled the published verdict
+            caveat += (f"; both models are trained and their embedding tables agree no more than chance (z {self.tables.z:.2f}, "
+                       f"log10 p ≤ {self.tables.log10_p:.1f}): the analytic null does not hold between trained models, so the weights must agree too")
         return (
             f"SeedPrint ({self.null} null{aligned}, {self.mode} identity dims, m {self.m}, k {self.k}, n {self.n}): "
             f"τ̄ = {self.tau_bar:.4f}, z = {self.z:.2f}, p = {self.p:.3g} (log10 {self.log10_p:.1f}{rank}) -> {verdict} at α = {self.alpha}{extra}{caveat}"
@@ -155,8 +163,8 @@ CONVERGENCE = (
 
 TRAINED = (
     "caveat: both models are trained, and the analytic null does not hold between trained models: unrelated models trained on one "
-    "corpus correlate beyond it (convergent learning); judge them against models trained on the same data from other seeds, "
-    "null=SeedsNull(fingerprints=[...], label='trained seeds')"
+    "corpus correlate beyond it (convergent learning); compare() by default also asks their embedding tables to agree, or judge "
+    "them against models trained on the same data from other seeds, null=SeedsNull(fingerprints=[...], label='trained seeds')"
 )
 """The caveat a "related" verdict of the analytic null between two trained models carries (``lens-bias lineage-negatives``
 measures its false-positive rate there)."""
@@ -164,18 +172,20 @@ measures its false-positive rate there)."""
 
 def caveats(result: "SeedPrintResult", both_trained: bool) -> str | None:
     """What a "related" verdict cannot tell: :data:`CONVERGENCE` after an activation-fitted map, :data:`TRAINED`
-    from the analytic null between two trained models; None for an "unrelated" verdict or where neither applies."""
+    from the analytic null between two trained models unless their tables were asked too (``compare``'s default);
+    None for an "unrelated" verdict or where neither applies."""
     if not result.same_lineage:
         return None
     analytic = (result.null_settings or {}).get("kind") == "analytic"
     found = [CONVERGENCE] if result.align not in (None, "auto") else []
-    found += [TRAINED] if both_trained and analytic else []
+    found += [TRAINED] if both_trained and analytic and not result.tables_asked else []
     return "; ".join(found) or None
 
 
 COMPARE = LineageSettings(align="auto")
 """:func:`compare`'s test when none is given: the token and basis maps read from the weights, then the published test
-(exactly it, to the same p, where nothing was renamed or rotated)."""
+(exactly it, to the same p, where nothing was renamed or rotated); between two trained models the verdict also asks
+their embedding tables to agree beyond chance (:mod:`~lens_bias.seedprint.tables`)."""
 
 
 def lineage_test(a: FeaturesLike, b: FeaturesLike, settings: LineageSettings | None = None, *, progress: bool = False, **overrides: Any) -> SeedPrintResult:
@@ -269,7 +279,10 @@ def compare(
     By default (:data:`COMPARE`, ``align="auto"``) the suspect's token map and residual basis map are read from the
     two models' tokenizers and weights (:mod:`~lens_bias.seedprint.correspondence`), so a descendant whose
     vocabulary was renamed and whose basis was permuted or rotated is tested in the base's terms; where nothing was
-    renamed or rotated this is the published test, to the same p. ``align=None`` runs the published test as it is.
+    renamed or rotated this is the published test, to the same p. Between two trained models, whose unrelated pairs
+    the analytic null does not hold for, the default's "related" also needs their embedding tables to agree beyond
+    chance (``tables``, :func:`~lens_bias.seedprint.tables.table_agreement`); p stays the published test's.
+    ``align=None`` runs the published test as it is.
     Token IDs are drawn below the smaller of the two vocabularies unless ``vocab`` is given. When ``b``'s vocabulary
     is ``a``'s renamed (its embedding rows are ``a``'s in another order:
     :func:`~lens_bias.seedprint.vocabulary.renamed_tokens`), ``b`` reads the same tokens under their new IDs, so a
@@ -298,7 +311,7 @@ def compare(
         prints = replace(prints, vocab=min(info_a.d_vocab, info_b.d_vocab))
     both_trained = info_a.regime == info_b.regime == "trained"
     if testing.align == "auto":
-        result = _auto(model_a, model_b, prints, testing, progress)
+        result = replace(_auto(model_a, model_b, prints, testing, progress), tables_asked=both_trained)
     else:
         fp_a = fingerprint(model_a, prints, progress=progress)
         fp_b = fingerprint_like(model_b, model_a, fp_a, prints, progress=progress) if drawn_tokens else fingerprint(model_b, prints, progress=progress)
@@ -308,32 +321,89 @@ def compare(
 
 def _auto(model_a: Any, model_b: Any, prints: FingerprintSettings, testing: LineageSettings, progress: bool) -> SeedPrintResult:
     """compare(align="auto"): the suspect reads the base's tokens under its own IDs and its features are mapped into
-    the base's basis, both maps read from the weights (:mod:`~lens_bias.seedprint.correspondence`); where neither
-    changes anything, this is the published test, to the same p."""
+    the base's basis, both maps read from the weights (:class:`Maps`); where neither changes anything, this is the
+    published test, to the same p."""
     if prints.inputs != "tokens":
         raise LensBiasError("align='auto' draws token inputs (inputs='tokens'): the token map is what it reads through")
-    tokens = token_map(model_a, model_b)
-    basis = basis_map(model_a, model_b, tokens)
+    maps = Maps.read(model_a, model_b)
     published = replace(testing, align=None)
-    if tokens.source in ("same", "none") and basis.kind in ("identity", "none"):  # nothing to map: the published test
-        fp_a = fingerprint(model_a, prints, progress=progress)
-        result = lineage_test(fp_a, fingerprint(model_b, prints, progress=progress), published, progress=progress)
+    inputs = mapped_inputs(maps, prints)
+    if inputs is None:
+        fp_a, fp_b = (fingerprint(model, prints, progress=progress) for model in (model_a, model_b))
     else:
-        vocab = prints.vocab if prints.vocab is not None else len(tokens.ids)
-        if tokens.renamed or bool((tokens.ids[:vocab] < 0).any()):  # the base's tokens the suspect has, each under its own ID
-            shared = tokens.shared
-            drawn = shared[RandomTokens(prints.n, prints.seq_len, len(shared), prints.seed).tensor()]
-            fp_a = fingerprint(model_a, prints, inputs=drawn, progress=progress)
-            fp_b = fingerprint(model_b, prints, inputs=tokens.ids[drawn], progress=progress)
-        else:
-            fp_a, fp_b = fingerprint(model_a, prints, progress=progress), fingerprint(model_b, prints, progress=progress)
-        if basis.kind in ("identity", "none"):
-            result = lineage_test(fp_a.features, fp_b.features, published, progress=progress)
-        else:  # the map holds before the final norm's gain, which a rotated basis folds into the unembedding
-            read_a = fp_a.normalized if fp_a.normalized is not None else fp_a.features
-            read_b = fp_b.normalized if fp_b.normalized is not None else fp_b.features
-            result = lineage_test(read_a, basis(read_b), published, progress=progress)
-    return replace(result, renamed_vocabulary=tokens.renamed, token_source=tokens.source, basis_map=basis.kind, basis_fit=basis.residual)
+        fp_a, fp_b = (fingerprint(model, prints, inputs=read, progress=progress) for model, read in zip((model_a, model_b), inputs))
+    if maps.nothing_to_map:
+        return maps.recorded(lineage_test(fp_a, fp_b, published, progress=progress))
+    return maps.recorded(mapped_test(fp_a, fp_b, maps.basis, published))
+
+
+@dataclass(frozen=True)
+class Maps:
+    """What ``align="auto"`` reads from two models' weights before it tests (:mod:`~lens_bias.seedprint.correspondence`):
+    the suspect's ID of each base token, the map from its residual basis to the base's, and how far the two embedding
+    tables agree once mapped (:mod:`~lens_bias.seedprint.tables`)."""
+
+    tokens: TokenMap
+    basis: BasisMap
+    tables: TableAgreement
+
+    @classmethod
+    def read(cls, base: Any, suspect: Any) -> "Maps":
+        """The maps between two models, or their :class:`~lens_bias.seedprint.correspondence.Embedding`\ s."""
+        tokens = token_map(base, suspect)
+        basis = basis_map(base, suspect, tokens)
+        return cls(tokens, basis, table_agreement(base, suspect, tokens, basis))
+
+    @property
+    def nothing_to_map(self) -> bool:
+        """Whether every token keeps its ID and no basis map was fitted: the published test is the test."""
+        return self.tokens.source in ("same", "none") and self.basis.kind in ("identity", "none")
+
+    def recorded(self, result: SeedPrintResult) -> SeedPrintResult:
+        """``result`` with the maps it was tested through."""
+        return replace(result, renamed_vocabulary=self.tokens.renamed, token_source=self.tokens.source, basis_map=self.basis.kind,
+                       basis_fit=self.basis.residual, tables=self.tables)
+
+
+def mapped_inputs(maps: Maps, prints: FingerprintSettings) -> tuple[Tensor, Tensor] | None:
+    """The token inputs of the base and of the suspect when the token map changes them: the base's tokens the suspect
+    has, drawn as ``prints`` draws, and the same tokens under the suspect's IDs; None when both read ``prints``' own.
+
+    Args:
+        maps: :meth:`Maps.read` of the two models.
+        prints: how both are fingerprinted (drawn tokens; ``vocab`` None: every token the base has).
+
+    Returns:
+        ``(inputs_a, inputs_b)``, two ``[n, seq_len]`` token tensors, or None.
+    """
+    tokens = maps.tokens
+    vocab = prints.vocab if prints.vocab is not None else len(tokens.ids)
+    if not tokens.renamed and not bool((tokens.ids[:vocab] < 0).any()):
+        return None
+    shared = tokens.shared
+    drawn = shared[RandomTokens(prints.n, prints.seq_len, len(shared), prints.seed).tensor()]
+    return drawn, tokens.ids[drawn]
+
+
+def mapped_test(fp_a: Fingerprint, fp_b: Fingerprint, basis: BasisMap, test: LineageSettings) -> SeedPrintResult:
+    """``test`` (an unaligned one) of the suspect's features mapped into the base's basis by ``basis``; both
+    fingerprints made on the inputs :func:`mapped_inputs` gives.
+
+    Args:
+        fp_a: the base's fingerprint.
+        fp_b: the suspect's, on the same tokens (under its own IDs).
+        basis: the suspect's basis map (:func:`~lens_bias.seedprint.correspondence.basis_map`).
+        test: the test.
+
+    Returns:
+        A :class:`SeedPrintResult` (without the maps: :meth:`Maps.recorded` adds them).
+    """
+    if basis.kind in ("identity", "none"):
+        return lineage_test(fp_a.features, fp_b.features, test)
+    # the map holds before the final norm's gain, which a rotated basis folds into the unembedding
+    read_a = fp_a.normalized if fp_a.normalized is not None else fp_a.features
+    read_b = fp_b.normalized if fp_b.normalized is not None else fp_b.features
+    return lineage_test(read_a, basis(read_b), test)
 
 
 def fingerprint_like(

@@ -22,6 +22,7 @@ from lens_bias.core.files import atomic_write_text
 from lens_bias.models import load_model
 from lens_bias.models.transforms import random_inits
 from lens_bias.seedprint.cache import FingerprintCache, content_key, expand_models, fingerprint_file
+from lens_bias.seedprint.correspondence import Embedding
 from lens_bias.seedprint.fingerprints import Fingerprint, FingerprintSettings, fingerprint, regenerate_inputs
 from lens_bias.seedprint.lineage import LineageSettings
 from lens_bias.seedprint.nulls import AnalyticNull, Null, SeedsNull
@@ -45,6 +46,8 @@ class LineageRun:
     store: FingerprintCache
     spec: dict[str, Any] = field(default_factory=dict)  # the fingerprints' input spec, set by fingerprints()
     loaded: dict[int, Any] = field(default_factory=dict)
+    # align="auto": each model's embedding (Embedding), made with its fingerprint; held here only without a cache folder
+    embeddings: dict[int, Embedding] = field(default_factory=dict)
 
     @classmethod
     def of(cls, models: Sequence[Any], names: Sequence[str] | None, cache: Union[str, Path, bool, None]) -> "LineageRun":
@@ -85,9 +88,22 @@ class LineageRun:
             atomic_write_text(card, json.dumps({"d_vocab": d_vocab}))
         return d_vocab
 
-    def fingerprints(self, settings: FingerprintSettings, progress: bool) -> tuple[list[Fingerprint], list[Tensor | None], dict[str, float]]:
+    def embedding(self, i: int) -> Embedding | None:
+        """Model i's :class:`~lens_bias.seedprint.correspondence.Embedding` (None for a saved fingerprint, which holds
+        no weights): the model object's own, else the one :meth:`fingerprints` kept or cached."""
+        x = self.sources[i]
+        if isinstance(x, Fingerprint):
+            return None
+        if not isinstance(x, str):
+            return Embedding.of(x)
+        if i not in self.embeddings and self.store.folder is None:
+            self.embeddings[i] = self.store.embedding(None, lambda: self.model(i))
+        return self.embeddings.get(i) or self.store.embedding(self.keys[i], lambda: self.model(i))
+
+    def fingerprints(self, settings: FingerprintSettings, progress: bool, *, embeddings: bool = False) -> tuple[list[Fingerprint], list[Tensor | None], dict[str, float]]:
         """Every model's fingerprint (from the cache where it is there), its embedding sketch (which vocabularies are
-        another's renamed) and the seconds it took; one model in memory at a time."""
+        another's renamed), with ``embeddings`` its :meth:`embedding`, and the seconds it took; one model in memory
+        at a time."""
         self.spec = {"inputs": "tokens", "n": settings.n, "seq_len": settings.seq_len, "seed": settings.seed, "vocab": settings.vocab}
         if settings.dtype is not None:
             self.spec["dtype"] = str(settings.dtype)
@@ -107,6 +123,8 @@ class LineageRun:
                         self.store.save(key, self.spec, fp)
                 prints.append(fp)
                 sketches.append(self.store.sketch(key, lambda: self.model(i)))
+                if embeddings and isinstance(x, str):  # made while the model is loaded, not loaded again per pair
+                    self.embedding(i)
             seconds[self.names[i]] = time.perf_counter() - started
             self.loaded.pop(i, None)
         return prints, sketches, seconds
@@ -125,7 +143,7 @@ class PairNulls:
     made: dict[int, Null] = field(default_factory=dict)
 
     def of(self, i: int, j: int) -> Null:
-        if self.test.null is not None or self.test.align is None:
+        if self.test.null is not None or self.test.align in (None, "auto"):  # "auto" tests through maps with the published null
             return self.test.null if self.test.null is not None else AnalyticNull()
         if isinstance(self.run.sources[i], Fingerprint):  # no model to re-initialise: the given fingerprints of its width
             tested = [self.prints[i], self.prints[j]]

@@ -82,8 +82,9 @@ def test_the_command_writes_its_results_file(tmp_path, capsys):
 
 
 def test_a_related_verdict_says_what_it_cannot_tell():
-    """Between two trained models the analytic null's "related" carries TRAINED; after an activation-fitted map,
-    CONVERGENCE; between inits, or on an "unrelated" verdict, nothing."""
+    """Between two trained models the published test's "related" carries TRAINED (the default asks their tables
+    instead, which a copy's agree); after an activation-fitted map, CONVERGENCE; between inits, or on an
+    "unrelated" verdict, nothing."""
     from lens_bias.models.init import REGIME
     from lens_bias.models.transforms import quantize
     from lens_bias.seedprint import lineage
@@ -96,8 +97,10 @@ def test_a_related_verdict_says_what_it_cannot_tell():
     assert fitted.same_lineage and fitted.caveat == lineage.CONVERGENCE
     for model in (base, copy):
         setattr(model, REGIME, "trained")
-    trained = seedprint.compare(base, copy, **sizes)
+    trained = seedprint.compare(base, copy, align=None, **sizes)
     assert trained.same_lineage and trained.caveat == lineage.TRAINED and "judge them against models trained" in str(trained)
+    asked = seedprint.compare(base, copy, **sizes)
+    assert asked.same_lineage and asked.tables_asked and asked.caveat is None
     prints = [seedprint.fingerprint(m, n=160, seq_len=8, progress=False) for m in (base, copy)]
     assert seedprint.lineage_test(*prints, m=16).caveat == lineage.TRAINED  # the fingerprints record the regime
     unrelated = seedprint.compare(base, random_init(dataclasses.replace(N.PRESETS["tiny"].model, seed=5)), **sizes)

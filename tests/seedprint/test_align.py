@@ -157,6 +157,31 @@ def test_lineage_across_models_with_a_cache_labels_and_families(tmp_path, monkey
         sp.pairwise_lineage(names[:1], progress=False)
 
 
+def test_the_lineage_command_reads_the_maps_by_default(tmp_path, monkeypatch):
+    """lens-bias lineage with no --align runs compare's default (auto): the permuted copy is found through the basis
+    map read from the weights, which pairs.csv names; a re-run reads the embeddings from the cache as it reads the
+    fingerprints; --align none is the published test, which misses it."""
+    base = lens_bias.random_init("llama", seed=0, **SMALL)
+    folder = tmp_path / "models"
+    folder.mkdir()
+    save_checkpoint(base, folder / "a_base.pt")
+    save_checkpoint(permute_residual(base, 2), folder / "b_permuted.pt")
+    save_checkpoint(lens_bias.random_init("llama", seed=7, **SMALL), folder / "c_init7.pt")
+    common = ["--n", "200", "--seq-len", "16", "--m", "32", "--cache", str(tmp_path / "cache"), "--no-progress"]
+    assert main(["lineage", str(folder), *common, "--out", str(tmp_path / "auto")]) == 0
+    pairs = pd.read_csv(tmp_path / "auto" / "pairs.csv").set_index(["a", "b"])
+    names = sorted(str(p) for p in folder.iterdir())
+    assert pairs.loc[(names[0], names[1]), "basis_map"] == "permutation" and pairs.loc[(names[0], names[1]), "related"]
+    assert not pairs.loc[(names[0], names[2]), "related"] and pairs.loc[(names[0], names[2]), "basis_map"] == "none"
+    monkeypatch.setattr("lens_bias.seedprint.lineage_run.load_model", lambda text: pytest.fail(f"loaded {text} again"))
+    again = sp.pairwise_lineage(names, n=200, seq_len=16, m=32, cache=tmp_path / "cache", progress=False)
+    assert again.families == json.loads((tmp_path / "auto" / "families.json").read_text())["families"]
+    monkeypatch.undo()
+    assert main(["lineage", str(folder), *common, "--align", "none", "--out", str(tmp_path / "published")]) == 0
+    published = pd.read_csv(tmp_path / "published" / "pairs.csv").set_index(["a", "b"])
+    assert not published.loc[(names[0], names[1]), "related"] and "basis_map" not in published.columns
+
+
 def test_pairs_of_different_widths_are_not_tested():
     """Models of different widths cannot share an init: across widths a pair is not tested (p 1, τ̄ NaN) and the
     multiple-testing correction counts only the pairs that were."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import types
 
 import pytest
 import torch
@@ -108,25 +109,44 @@ def test_auto_needs_the_models():
 
 def test_tokenizers_give_the_map_where_they_agree_with_the_rows(base, monkeypatch):
     renamed = rename_vocabulary(rotate_residual(base, seed=2), seed=3)
-    words = {id(base): {f"token {i}": i for i in range(SPEC.d_vocab)}}  # what get_vocab() gives: string -> ID
-    monkeypatch.setattr(correspondence, "_vocabulary", lambda model: words.get(id(model)))
-    words[id(renamed)] = words[id(base)]  # a renamed copy that kept the base's tokenizer
-    assert correspondence.token_map(base, renamed).source == "weights"  # the rows overrule a tokenizer that does not fit them
-    words[id(renamed)] = {f"token {i}": int(j) for i, j in enumerate(renamed.lens_bias_vocabulary)}  # its tokenizer renamed alike
-    tokens = correspondence.token_map(base, renamed)
+    words = {f"token {i}": i for i in range(SPEC.d_vocab)}  # what get_vocab() gives: string -> ID
+    table_a, table_b = base.W_E.detach().float(), renamed.W_E.detach().float()
+    kept = correspondence.Embedding(table_b, words)  # a renamed copy that kept the base's tokenizer
+    assert correspondence.token_map(correspondence.Embedding(table_a, words), kept).source == "weights"  # the rows overrule it
+    renamed_words = {f"token {i}": int(j) for i, j in enumerate(renamed.lens_bias_vocabulary)}  # its tokenizer renamed alike
+    tokens = correspondence.token_map(correspondence.Embedding(table_a, words), correspondence.Embedding(table_b, renamed_words))
     assert tokens.source == "tokenizer" and torch.equal(tokens.ids, renamed.lens_bias_vocabulary)
-    assert sp.compare(base, renamed, align="auto", **KW).log10_p < -10
+    monkeypatch.setattr(base, "tokenizer", types.SimpleNamespace(get_vocab=lambda: words), raising=False)
+    monkeypatch.setattr(renamed, "tokenizer", types.SimpleNamespace(get_vocab=lambda: renamed_words), raising=False)
+    assert correspondence.Embedding.of(renamed).words == renamed_words  # a model's tokenizer is read as these are
+    result = sp.compare(base, renamed, align="auto", **KW)
+    assert result.token_source == "tokenizer" and result.log10_p < -10
 
 
 def test_the_shortcuts_agree_with_the_full_row_match(base):
     """A renaming that kept the basis is found on the sketches, as the full row match finds it; tables whose row norms
     differ are not matched at all (no basis map or renaming changes a norm), while edits that keep the function pass."""
     renamed = rename_vocabulary(base, seed=3)
-    a, b = correspondence._table(base), correspondence._table(renamed)
-    quick = correspondence._renamed_in_place(base, renamed, a, b, 0)
+    a, b = correspondence.Embedding.of(base).table, correspondence.Embedding.of(renamed).table
+    quick = correspondence._renamed_in_place(a, b, 0)
     assert torch.equal(quick, renamed.lens_bias_vocabulary) and torch.equal(quick, correspondence._match_rows(a, b, 0))
     for edited in (rotate_residual(base, seed=2), quantize(base, 4), _with_tokens_added(rename_vocabulary(base, seed=3))):
-        assert correspondence._norms_agree(a, correspondence._table(edited))
+        assert correspondence._norms_agree(a, correspondence.Embedding.of(edited).table)
     spread = a.clone()
     spread[: len(spread) // 2] *= 3  # half the rows three times longer: another norm distribution
     assert not correspondence._norms_agree(a, spread)
+
+
+def test_lineage_across_models_reads_the_maps_of_each_pair(base):
+    """pairwise_lineage's default is compare's: the disguised copy joins its base's family with compare's p, the pairs
+    that need no map keep the published test's p, and the published run leaves the disguised copy out."""
+    disguised = rename_vocabulary(rotate_residual(base, seed=2), seed=3)
+    models, names = [base, disguised, quantize(base, 4), lens_bias.random_init(dataclasses.replace(SPEC, seed=99))], ["base", "disguised", "4-bit", "other"]
+    auto = sp.pairwise_lineage(models, names=names, cache=False, **KW)
+    assert auto.align == "auto" and sorted(map(sorted, auto.families)) == [["4-bit", "base", "disguised"], ["other"]]
+    pairs = auto.to_pandas().set_index(["a", "b"])
+    assert (pairs.loc[("base", "disguised"), "token_source"], pairs.loc[("base", "disguised"), "basis_map"]) == ("weights", "orthogonal")
+    assert pairs.loc[("base", "disguised"), "log10_p"] == pytest.approx(sp.compare(base, disguised, **KW).log10_p, rel=1e-6)  # the matrix holds float32
+    published = sp.pairwise_lineage(models, names=names, cache=False, align=None, **KW).to_pandas().set_index(["a", "b"])
+    assert pairs.loc[("base", "4-bit"), "log10_p"] == published.loc[("base", "4-bit"), "log10_p"] and pairs.loc[("base", "4-bit"), "basis_map"] == "identity"
+    assert not published.loc[("base", "disguised"), "related"]
