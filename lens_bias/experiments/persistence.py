@@ -42,6 +42,7 @@ from lens_bias.core import memory
 from lens_bias.core.corpora import code, prose
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.figures import new_figure
+from lens_bias.core.provenance import results_record, write_results
 from lens_bias.core.serialise import Serialisable
 from lens_bias.core.tables import markdown_table
 from lens_bias.experiments.base import Experiment, Outcome
@@ -58,6 +59,7 @@ logger = logging.getLogger(__name__)
 SEEDS = (42, 123, 1000, 2000)
 DATA_SEED = 42
 CYCLE = [(SEEDS[i], SEEDS[(i + 1) % len(SEEDS)]) for i in range(len(SEEDS))]  # the 4 pairs of tables 1 and 3
+DEPENDS = ("lens_bias/experiments/persistence.py", "lens_bias/seedprint", "lens_bias/training")  # the sources its numbers come from
 
 
 @dataclass(frozen=True)
@@ -113,7 +115,10 @@ class PersistenceResult:
         ax.legend()
         return fig
 
-    def save(self, out: Union[str, Path]) -> None:
+    def save(self, out: Union[str, Path], command: str | None = None) -> None:
+        """tables.csv, tables.md, curve.csv, training.csv and ``persistence.json``: the verdicts, their ranges per
+        table, the curve and the training record as a results file (:func:`~lens_bias.core.provenance.results_record`,
+        which ``docs/render.py`` writes the pages from)."""
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         columns = ["table", "base", "target", "inputs", "tau_bar", "k", "p", "same_lineage", "expected"]
@@ -121,6 +126,30 @@ class PersistenceResult:
         (out / "tables.md").write_text(self.markdown())
         self.curve.to_csv(out / "curve.csv", index=False)
         self.training.to_csv(out / "training.csv", index=False)
+        write_results(out / "persistence.json", results_record(self.numbers(), {}, DEPENDS, command))
+
+    def numbers(self) -> dict[str, Any]:
+        """The named numbers a page quotes: the verdict counts; per table row group (``t1``…``t3``, ``t4_related``,
+        ``t4_unrelated``) and input kind the range of τ̄ and p; the curve's τ̄ at its first checkpoints and over its
+        second half, and its largest log10 p; the eval losses on prose and code against their unigram entropies."""
+        t = self.tables
+        numbers: dict[str, Any] = {"verdicts": len(t), "as_expected": int(t.ok.sum())}
+        for kind, frame in t.groupby("inputs"):
+            numbers[f"{kind}.verdicts"], numbers[f"{kind}.as_expected"] = len(frame), int(frame.ok.sum())
+            groups = {f"t{n}": frame[frame.table == n] for n in (1, 2, 3)}
+            groups |= {f"t4_{e}": frame[(frame.table == 4) & (frame.expected == e)] for e in ("related", "unrelated")}
+            for name, group in groups.items():
+                for column in ("tau_bar", "p"):
+                    numbers[f"{kind}.{name}.{column}.min"], numbers[f"{kind}.{name}.{column}.max"] = float(group[column].min()), float(group[column].max())
+        curve = self.curve.sort_values("step")
+        late = curve[curve.step >= curve.step.max() / 2]
+        numbers |= {f"curve.tau_bar.step{int(r.step)}": float(r.tau_bar) for r in curve.head(3).itertuples()}
+        numbers |= {"curve.late.from_step": int(late.step.min()), "curve.late.tau_bar.min": float(late.tau_bar.min()),
+                    "curve.late.tau_bar.max": float(late.tau_bar.max()), "curve.log10_p.max": float(curve.log10_p.max())}
+        for corpus, frame in (("prose", self.training[self.training.run.str.startswith("pretrain")]), ("code", self.training[self.training.run.str.startswith("continue")])):
+            numbers |= {f"training.{corpus}.eval_loss.min": float(frame.eval_loss.min()), f"training.{corpus}.eval_loss.max": float(frame.eval_loss.max()),
+                        f"training.{corpus}.unigram_entropy": float(frame.unigram_entropy.iloc[0])}
+        return numbers
 
     def markdown(self) -> str:
         parts = []
@@ -176,7 +205,8 @@ def run_persistence(
         progress: progress bars.
 
     Returns:
-        A :class:`PersistenceResult`; ``save(dir)`` writes tables.csv, tables.md, curve.csv and training.csv.
+        A :class:`PersistenceResult`; ``save(dir)`` writes tables.csv, tables.md, curve.csv, training.csv and the results file
+        persistence.json.
     """
     cfg = PRESETS[config] if isinstance(config, str) else config
     kinds = list(inputs)

@@ -223,12 +223,14 @@ def pairwise_lineage(
         tested[i, j] = tested[j, i] = True
     related = adjusted < testing.alpha
     for (i, j), res in maps.items():  # between trained models "auto" also asks the tables to agree (seedprint.tables)
-        if res.tables_asked and res.tables is not None and not res.tables.agrees(testing.alpha):
+        if res.tables_disagree:
             related[i, j] = related[j, i] = False
     related.fill_diagonal_(False)
     label_list = _labels(labels, run.names)
     same = [label_list[i] == label_list[j] for i, j in pairs] if label_list is not None else []
-    metrics = detection_metrics([_score(log10_p, maps, testing.alpha, i, j) for i, j in pairs], same) if any(same) and not all(same) else None
+    # a pair whose tables disagree scores as p = 1: its verdict is "unrelated" whatever the statistic says
+    scores = [0.0 if (i, j) in maps and maps[(i, j)].tables_disagree else -log10_p[i, j].item() for i, j in pairs]
+    metrics = detection_metrics(scores, same) if any(same) and not all(same) else None
     return LineageMatrix(
         names=run.names, tau_bar=tau, log10_p=log10_p, p_adjusted=adjusted, related=related, families=_families(run.names, related),
         correction=correction, alpha=testing.alpha, align=testing.align, null=(nulls.of(*pairs[0]) if pairs else AnalyticNull()).to_dict(),
@@ -253,14 +255,6 @@ def _auto_pair(run: LineageRun, prints: Sequence[Fingerprint], settings: Fingerp
     result = lineage_test(fp_a, fp_b, test) if maps.nothing_to_map else mapped_test(fp_a, fp_b, maps.basis, test)
     trained = all(p.model.get("regime") == "trained" for p in (prints[i], prints[j]))
     return replace(maps.recorded(result), tables_asked=trained)
-
-
-def _score(log10_p: Tensor, maps: Mapping[tuple[int, int], SeedPrintResult], alpha: float, i: int, j: int) -> float:
-    """A pair's score for the detection metrics: −log10 p, or 0 where the tables were asked and do not agree."""
-    res = maps.get((i, j))
-    if res is not None and res.tables_asked and res.tables is not None and not res.tables.agrees(alpha):
-        return 0.0
-    return -log10_p[i, j].item()
 
 
 def _maps_record(res: SeedPrintResult) -> dict[str, Any]:

@@ -94,9 +94,14 @@ class SeedPrintResult:
     tables_asked: bool = False
 
     @property
+    def tables_disagree(self) -> bool:
+        """Whether the tables were asked (``tables_asked``) and do not agree beyond chance at ``alpha``."""
+        return self.tables_asked and self.tables is not None and not self.tables.agrees(self.alpha)
+
+    @property
     def same_lineage(self) -> bool:
-        """The verdict: p < alpha, and, where the tables were asked (``tables_asked``), tables that agree."""
-        return self.p < self.alpha and (not self.tables_asked or self.tables is None or self.tables.agrees(self.alpha))
+        """The verdict: p < alpha, and, where the tables were asked, tables that agree."""
+        return self.p < self.alpha and not self.tables_disagree
 
     def to_pandas(self) -> pd.DataFrame:
         """Per identity dimension: τ and the two models' mean feature values."""
@@ -112,7 +117,7 @@ class SeedPrintResult:
         if self.basis_map is not None:
             aligned += f", auto: tokens {self.token_source}, basis {self.basis_map} (residual {self.basis_fit:.3g})"
         caveat = f"; {self.caveat}" if self.caveat else ""
-        if self.p < self.alpha and not self.same_lineage and self.tables is not None:  # the tables overruled the published verdict
+        if self.p < self.alpha and self.tables_disagree and self.tables is not None:  # the tables overruled the published verdict
             caveat += (f"; both models are trained and their embedding tables agree no more than chance (z {self.tables.z:.2f}, "
                        f"log10 p ≤ {self.tables.log10_p:.1f}): the analytic null does not hold between trained models, so the weights must agree too")
         return (

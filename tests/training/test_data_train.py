@@ -174,3 +174,16 @@ def test_tiny_persistence_run_gives_the_papers_verdicts(tmp_path):
     assert list(curve.step) == [0, 20, 40, 60] and (curve.log10_p < -10).all()
     training = result.training
     assert (training.eval_loss < training.final_train_loss + 0.5).all() and len(training) == 8  # 4 + 2 null seeds + 2 continued
+    # the results file the persistence page is rendered from: its numbers are the tables', computed here again
+    import json
+
+    record = json.loads((tmp_path / "persistence.json").read_text())
+    numbers = record["numbers"]
+    assert numbers["verdicts"] == len(tables) == 28 and numbers["as_expected"] == int(result.tables.ok.sum())
+    tokens_2 = tables[(tables.inputs == "tokens") & (tables.table == 2)]
+    assert numbers["tokens.t2.tau_bar.min"] == tokens_2.tau_bar.min() and numbers["tokens.t2.p.max"] == tokens_2.p.max()
+    continued = tables[(tables.table == 4) & (tables.expected == "unrelated") & (tables.inputs == "embeddings")]
+    assert numbers["embeddings.t4_unrelated.p.min"] == continued.p.iloc[0]
+    assert numbers["curve.log10_p.max"] == curve.log10_p.max() and numbers["curve.late.from_step"] == 40
+    assert numbers["training.code.eval_loss.max"] == training[training.run.str.startswith("continue")].eval_loss.max()
+    assert set(record["depends"]) == {"lens_bias/experiments/persistence.py", "lens_bias/seedprint", "lens_bias/training"}
