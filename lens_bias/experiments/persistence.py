@@ -147,6 +147,8 @@ class PersistenceResult:
         numbers |= {"curve.late.from_step": int(late.step.min()), "curve.late.tau_bar.min": float(late.tau_bar.min()),
                     "curve.late.tau_bar.max": float(late.tau_bar.max()), "curve.log10_p.max": float(curve.log10_p.max())}
         for corpus, frame in (("prose", self.training[self.training.run.str.startswith("pretrain")]), ("code", self.training[self.training.run.str.startswith("continue")])):
+            if frame.empty:
+                continue
             numbers |= {f"training.{corpus}.eval_loss.min": float(frame.eval_loss.min()), f"training.{corpus}.eval_loss.max": float(frame.eval_loss.max()),
                         f"training.{corpus}.unigram_entropy": float(frame.unigram_entropy.iloc[0])}
         return numbers

@@ -14,9 +14,10 @@ sign-equivariant training (SGD, Adam) unchanged, so between unrelated models eac
 positive, independently, whatever its size. Hoeffding's inequality then bounds the chance of a ``z`` this large:
 ``p ≤ exp(−z²/2)``. The bound is exact in this sense for RMSNorm models; LayerNorm subtracts the mean over
 coordinates, which a flip changes, so there it is close rather than exact. A model's own descendant reaches
-``z ≈ sqrt(D)`` (every column agrees); measured on unrelated trained pairs, ``|z|`` stays below about 2.
+``z ≈ sqrt(D)`` (every column agrees); over the 45 unrelated trained pairs of ``lens-bias lineage-negatives``, z lies
+between −2.65 and 1.99 (mean 0.22, sd 1.12), and over its 255 random-init pairs between −2.78 and 2.31.
 
->>> import lens_bias
+>>> import lens_bias, torch
 >>> from lens_bias.models.transforms import quantize
 >>> from lens_bias.seedprint.correspondence import TokenMap
 >>> base = lens_bias.random_init("llama", d_model=64, n_layers=1, n_heads=4, d_vocab=500, n_ctx=8)

@@ -80,11 +80,13 @@ def test_persistence_command_writes_files_and_exits_1_on_a_wrong_verdict(tmp_pat
     from lens_bias.cli import main
 
     row = dict(table=1, base="init 42", target="init 123", inputs="tokens", null="analytic", tau_bar=0.3, k=10, p=1e-5, log10_p=-5.0, same_lineage=True, expected="unrelated", ok=False)
-    fake = persistence.PersistenceResult(pd.DataFrame([row]), pd.DataFrame({"step": [0], "log10_p": [-9.0]}), pd.DataFrame({"run": ["x"], "eval_loss": [1.0]}))
+    curve = pd.DataFrame({"step": [0], "log10_p": [-9.0], "tau_bar": [1.0], "same_lineage": [True]})
+    training = pd.DataFrame({"run": ["pretrain 42 on prose"], "steps": [1], "final_train_loss": [1.0], "eval_loss": [1.0], "unigram_entropy": [2.0]})
+    fake = persistence.PersistenceResult(pd.DataFrame([row]), curve, training)
     monkeypatch.setattr(persistence, "run_persistence", lambda *a, **k: fake)
     assert main(["persistence", "--preset", "tiny", "--out", str(tmp_path), "--no-progress"]) == 1
     assert "1 verdict(s) differ" in capsys.readouterr().out
-    assert {p.name for p in tmp_path.iterdir()} == {"tables.csv", "tables.md", "curve.csv", "training.csv"}
+    assert {p.name for p in tmp_path.iterdir()} == {"tables.csv", "tables.md", "curve.csv", "training.csv", "persistence.json"}
     fake.tables.loc[0, "ok"] = True
     assert main(["persistence", "--preset", "tiny", "--no-progress"]) == 0
     done = subprocess.run([sys.executable, str(EXAMPLES / "seedprint_persistence.py"), "--help"], capture_output=True, text=True)

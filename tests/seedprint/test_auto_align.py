@@ -116,8 +116,8 @@ def test_tokenizers_give_the_map_where_they_agree_with_the_rows(base, monkeypatc
     renamed_words = {f"token {i}": int(j) for i, j in enumerate(renamed.lens_bias_vocabulary)}  # its tokenizer renamed alike
     tokens = correspondence.token_map(correspondence.Embedding(table_a, words), correspondence.Embedding(table_b, renamed_words))
     assert tokens.source == "tokenizer" and torch.equal(tokens.ids, renamed.lens_bias_vocabulary)
-    monkeypatch.setattr(base, "tokenizer", types.SimpleNamespace(get_vocab=lambda: words), raising=False)
-    monkeypatch.setattr(renamed, "tokenizer", types.SimpleNamespace(get_vocab=lambda: renamed_words), raising=False)
+    monkeypatch.setattr(base, "tokenizer", types.SimpleNamespace(get_vocab=lambda: words, padding_side="right"), raising=False)
+    monkeypatch.setattr(renamed, "tokenizer", types.SimpleNamespace(get_vocab=lambda: renamed_words, padding_side="right"), raising=False)
     assert correspondence.Embedding.of(renamed).words == renamed_words  # a model's tokenizer is read as these are
     result = sp.compare(base, renamed, align="auto", **KW)
     assert result.token_source == "tokenizer" and result.log10_p < -10
