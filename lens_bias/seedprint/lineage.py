@@ -354,7 +354,7 @@ class Maps:
 
     @classmethod
     def read(cls, base: Any, suspect: Any) -> "Maps":
-        """The maps between two models, or their :class:`~lens_bias.seedprint.correspondence.Embedding`\ s."""
+        """The maps between two models (each a model or its :class:`~lens_bias.seedprint.correspondence.Embedding`)."""
         tokens = token_map(base, suspect)
         basis = basis_map(base, suspect, tokens)
         return cls(tokens, basis, table_agreement(base, suspect, tokens, basis))
