@@ -80,10 +80,14 @@ class FingerprintCache:
             path.parent.mkdir(parents=True, exist_ok=True)
             fp.save(path)
 
+    def embedding_path(self, key: str | None) -> Path | None:
+        """Where the model ``key``'s embedding is kept (None without a folder)."""
+        return self.folder / f"{key}-embedding.pt" if self.folder is not None and key is not None else None
+
     def embedding(self, key: str | None, model: Callable[[], Any]) -> Embedding:
         """The model's :class:`~lens_bias.seedprint.correspondence.Embedding` (its table, kept in float16, and its
         tokenizer's vocabulary), read from the folder when it is there; the same rounding whether read or made."""
-        path = self.folder / f"{key}-embedding.pt" if self.folder is not None and key is not None else None
+        path = self.embedding_path(key)
         if path is not None and path.exists():
             data = torch.load(path, map_location="cpu", weights_only=True)
             return Embedding(data["table"].float(), data["words"])

@@ -45,7 +45,7 @@ from torch import Tensor
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.stats import unit
 from lens_bias.seedprint.align import map_matrix
-from lens_bias.seedprint.vocabulary import MATCH_COSINE, SAME_TABLE, nearest_rows, renamed_ids, sketch_rows
+from lens_bias.seedprint.vocabulary import MATCH_COSINE, SAME_TABLE, nearest_rows, renamed_ids, sketch_rows, table_sketch
 
 __all__ = ["Embedding", "TokenMap", "BasisMap", "token_map", "basis_map", "FIT", "BASIS_KINDS"]
 
@@ -209,8 +209,7 @@ def _norms_agree(table_a: Tensor, table_b: Tensor) -> bool:
 def _renamed_in_place(table_a: Tensor, table_b: Tensor, seed: int) -> Int[Tensor, "v_a"] | None:
     """The renaming of a suspect that kept the base's basis, found on the 64-dimensional sketches of the rows
     (:func:`~lens_bias.seedprint.vocabulary.embedding_sketch`) and checked on the rows themselves; None otherwise."""
-    sketch_a, sketch_b = (sketch_rows(unit(t)).half() for t in (table_a, table_b))
-    ids = renamed_ids(sketch_a, sketch_b, torch.arange(table_a.shape[0]), seed=seed)
+    ids = renamed_ids(table_sketch(table_a), table_sketch(table_b), torch.arange(table_a.shape[0]), seed=seed)
     return ids if ids is not None and _one_table(table_a, table_b, ids, seed) else None
 
 

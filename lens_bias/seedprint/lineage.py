@@ -30,7 +30,7 @@ from lens_bias.core.errors import LensBiasError
 from lens_bias.core.inputs import RandomTokens
 from lens_bias.core.settings import overridden, route_keywords
 from lens_bias.seedprint.align import FIT_FRACTION, AlignMode, check_align, split_and_align
-from lens_bias.seedprint.correspondence import BasisMap, TokenMap, basis_map, token_map
+from lens_bias.seedprint.correspondence import BasisMap, Embedding, TokenMap, basis_map, token_map
 from lens_bias.seedprint.fingerprints import (
     FeaturesLike,
     Fingerprint,
@@ -355,6 +355,7 @@ class Maps:
     @classmethod
     def read(cls, base: Any, suspect: Any) -> "Maps":
         """The maps between two models (each a model or its :class:`~lens_bias.seedprint.correspondence.Embedding`)."""
+        base, suspect = Embedding.of(base), Embedding.of(suspect)  # read once: the three maps share them
         tokens = token_map(base, suspect)
         basis = basis_map(base, suspect, tokens)
         return cls(tokens, basis, table_agreement(base, suspect, tokens, basis))

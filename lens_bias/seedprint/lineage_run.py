@@ -8,6 +8,7 @@ import hashlib
 import json
 import logging
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence, Union
@@ -46,8 +47,9 @@ class LineageRun:
     store: FingerprintCache
     spec: dict[str, Any] = field(default_factory=dict)  # the fingerprints' input spec, set by fingerprints()
     loaded: dict[int, Any] = field(default_factory=dict)
-    # align="auto": each model's embedding (Embedding), made with its fingerprint; held here only without a cache folder
-    embeddings: dict[int, Embedding] = field(default_factory=dict)
+    # align="auto": the embeddings (Embedding) in memory: every one of a run without a cache folder (they cannot be read
+    # again without loading the model), else the last two asked for (a pair's: the base is held across its suspects)
+    embeddings: OrderedDict[int, Embedding] = field(default_factory=OrderedDict)
 
     @classmethod
     def of(cls, models: Sequence[Any], names: Sequence[str] | None, cache: Union[str, Path, bool, None]) -> "LineageRun":
@@ -90,15 +92,19 @@ class LineageRun:
 
     def embedding(self, i: int) -> Embedding | None:
         """Model i's :class:`~lens_bias.seedprint.correspondence.Embedding` (None for a saved fingerprint, which holds
-        no weights): the model object's own, else the one :meth:`fingerprints` kept or cached."""
+        no weights): the model object's own, else read from the cache folder, else made (loading the model)."""
         x = self.sources[i]
         if isinstance(x, Fingerprint):
             return None
-        if not isinstance(x, str):
-            return Embedding.of(x)
-        if i not in self.embeddings and self.store.folder is None:
-            self.embeddings[i] = self.store.embedding(None, lambda: self.model(i))
-        return self.embeddings.get(i) or self.store.embedding(self.keys[i], lambda: self.model(i))
+        if i in self.embeddings:
+            self.embeddings.move_to_end(i)
+            return self.embeddings[i]
+        made = self.store.embedding(self.keys[i], lambda: self.model(i)) if isinstance(x, str) else Embedding.of(x)
+        self.embeddings[i] = made
+        if not isinstance(x, str) or self.store.folder is not None:  # can be had again cheaply: hold a pair's only
+            while len(self.embeddings) > 2:
+                self.embeddings.popitem(last=False)
+        return made
 
     def fingerprints(self, settings: FingerprintSettings, progress: bool, *, embeddings: bool = False) -> tuple[list[Fingerprint], list[Tensor | None], dict[str, float]]:
         """Every model's fingerprint (from the cache where it is there), its embedding sketch (which vocabularies are
@@ -123,7 +129,8 @@ class LineageRun:
                         self.store.save(key, self.spec, fp)
                 prints.append(fp)
                 sketches.append(self.store.sketch(key, lambda: self.model(i)))
-                if embeddings and isinstance(x, str):  # made while the model is loaded, not loaded again per pair
+                kept = self.store.embedding_path(key)
+                if embeddings and isinstance(x, str) and not (kept is not None and kept.exists()):  # made while the model is loaded
                     self.embedding(i)
             seconds[self.names[i]] = time.perf_counter() - started
             self.loaded.pop(i, None)

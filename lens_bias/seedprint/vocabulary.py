@@ -80,7 +80,12 @@ def embedding_sketch(model: Any) -> Float[Tensor, "d_vocab k"]:
     >>> embedding_sketch(lens_bias.random_init("llama", d_model=32, n_layers=1, n_heads=4, d_vocab=50, n_ctx=8)).shape
     torch.Size([50, 64])
     """
-    return sketch_rows(_unit_rows(model)).half()
+    return table_sketch(model.W_E.detach().cpu())
+
+
+def table_sketch(table: Float[Tensor, "d_vocab d"]) -> Float[Tensor, "d_vocab k"]:
+    """:func:`embedding_sketch` of an embedding table itself."""
+    return sketch_rows(unit(table)).half()
 
 
 def sketch_rows(rows: Float[Tensor, "v d"]) -> Float[Tensor, "v k"]:
