@@ -17,7 +17,7 @@ import re
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Union
+from typing import Any, Callable, Mapping, Union
 
 import pandas as pd
 from torch import Tensor
@@ -29,14 +29,17 @@ from lens_bias.core.adapter import ModelAdapter
 from lens_bias.core.corpora import code
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.inputs import check_context
+from lens_bias.core.provenance import numbers_of, results_record, table_of, write_results
 from lens_bias.core.serialise import Serialisable
 from lens_bias.core.stats import detection_metrics
 from lens_bias.core.tables import markdown_table
-from lens_bias.experiments.base import Experiment, Outcome
+from lens_bias.experiments.base import DEFAULT_MODEL, Experiment, Outcome
 from lens_bias.models import load_model
+from lens_bias.models.parameters import copy_model
 from lens_bias.models.reparametrise import permute_residual, rename_vocabulary, rotate_residual
 from lens_bias.models.transforms import low_rank_delta, merge, prune, quantize, random_inits, relative_change
-from lens_bias.seedprint.lineage import ALPHA, STRONG
+from lens_bias.seedprint.correspondence import Embedding
+from lens_bias.seedprint.lineage import ALPHA, STRONG, Maps, auto_test, mapped_inputs, through_maps
 from lens_bias.training.data import TokenData
 from lens_bias.training.trainer import evaluate, fine_tune
 
@@ -73,9 +76,10 @@ class DescendantsConfig(Serialisable):
     n_random: int = 10  # random inits of the config: the unrelated side of the metrics, and the aligned tests' seeds null
     first_random_seed: int = 1_000_000  # as the seeds null's: clear of the small seeds lens_bias models are built with
     eval_blocks: int = 16  # held-out code blocks for each descendant's loss (a check that it still is a model)
-    # The tests run under each: None is the published test (analytic null); the others align first and are judged
-    # against the random inits aligned the same way (a seeds null; a random init is judged against the others).
-    align_modes: tuple = (None, "permutation", "orthogonal", "linear")
+    # The tests run under each: None is the published test (analytic null); "auto" (compare's default) reads the token
+    # and basis maps from the weights, then runs the published test; the others align on the activations first and
+    # are judged against the random inits aligned the same way (a seeds null; a random init against the others).
+    align_modes: tuple = (None, "auto", "permutation", "orthogonal", "linear")
 
 
 PRESETS = {
@@ -84,16 +88,19 @@ PRESETS = {
     # n_random stays 10: an aligned test's seeds null of k inits needs z > 32 for p < 1e-10 at k = 10 (Student-t,
     # k − 1 dof), z > 2489 at k = 4.
     "tiny": DescendantsConfig(n=256, seq_len=8, finetune_steps=4, finetune_batch=4, finetune_seq_len=16, eval_blocks=4),
-    # Across the real families on 2 CPU cores (docs/experiments/families-descendants.md): 512 inputs of 8 tokens (a Qwen2.5-0.5B
-    # fingerprint is ~1 min), so only the published test and the permutation alignment (the orthogonal and linear
-    # fits need more inputs than 2·D); 5-step fine-tunes; 8 random inits give 8 + 28 unrelated pairs per family.
-    "family": DescendantsConfig(n=512, seq_len=8, finetune_steps=5, n_random=8, align_modes=(None, "permutation")),
+    # Across the real families on 2 CPU cores (docs/experiments/families-descendants.md): 512 inputs of 8 tokens (a
+    # Qwen2.5-0.5B fingerprint is ~1 min), so the orthogonal and linear fits see 256 rows, fewer than D (they need
+    # more than 2·D inputs to cover a rotation); 5-step fine-tunes; 8 random inits give 8 + 28 unrelated pairs per family.
+    "family": DescendantsConfig(n=512, seq_len=8, finetune_steps=5, n_random=8),
 }
 
 # Which align modes can see through each kind of descendant (a basis kept is the identity map, which every mode fits).
-_KEEPS_BASIS = (None, "permutation", "orthogonal", "linear")
-_PERMUTED = ("permutation", "orthogonal", "linear")
-_ROTATED = ("orthogonal", "linear")
+_KEEPS_BASIS = (None, "auto", "permutation", "orthogonal", "linear")
+_PERMUTED = ("auto", "permutation", "orthogonal", "linear")
+_ROTATED = ("auto", "orthogonal", "linear")
+# A renaming in another basis: only the weights' maps find which token is which (the activation-fitted modes read
+# the renamed model on the base's token IDs, which mean other tokens to it).
+_DISGUISED = ("auto",)
 
 
 @dataclass
@@ -200,20 +207,35 @@ def real_descendants(
     base = seedprint.fingerprint(model, _prints(cfg), progress=False)
     bar.update()
     base_loss = evaluate(model, held_out)
-    prints, rows, covers, not_made = _descendants(model, base, makers, held_out, bar, started)
+    auto = "auto" in cfg.align_modes
+    prints, rows, covers, not_made, autos = _descendants(model, base, makers, held_out, bar, started, cfg)
     seeds = range(cfg.first_random_seed, cfg.first_random_seed + cfg.n_random)
-    randoms = []
+    randoms: dict[str, int] = {}
+    embeddings: dict[str, Embedding] = {}  # the random inits' tables (float16), for their pairs' maps
     began = time.perf_counter()
     for seed, fresh in zip(seeds, random_inits(model, seeds)):
         name = f"random init {seed}"
         prints[name] = seedprint.fingerprint(fresh, _prints(cfg), progress=False)
-        randoms.append(name)
+        randoms[name] = seed
+        if auto:
+            autos[name] = _auto(model, fresh, base, prints[name], cfg)
+            read = Embedding.of(fresh)
+            embeddings[name] = Embedding(read.table.half(), read.words)
         rows.append({"target": name, "kind": "random init", "weight_change": float("nan"), "eval_loss": float("nan"), "seconds": time.perf_counter() - began})
         began = time.perf_counter()
         bar.update()
     bar.close()
     models = pd.DataFrame(rows)
-    tests, metrics, pairs = _judged(cfg, base, prints, covers, randoms, list(models.target))
+    def auto_pair(one: str, other: str) -> seedprint.SeedPrintResult:
+        """The default test of two random inits, through the maps their tables give."""
+        maps = Maps.read(embeddings[one], embeddings[other])
+        if mapped_inputs(maps, _prints(cfg)) is None:
+            return through_maps(maps, prints[one], prints[other], _test(cfg), both_trained=False)
+        # a token map between two fresh inits: both drawn again, to be fingerprinted on its inputs
+        a, b = (copy_model(next(random_inits(model, [randoms[name]]))) for name in (one, other))
+        return auto_test(a, b, _prints(cfg), _test(cfg), maps=maps)
+
+    tests, metrics, pairs = _judged(cfg, base, prints, covers, list(randoms), list(models.target), autos, auto_pair)
     return DescendantsResult(
         table=pd.DataFrame(tests), models=models, metrics=pd.DataFrame(metrics), base_eval_loss=base_loss, fingerprints=prints,
         config=cfg.to_dict(), seconds=time.perf_counter() - started, pairs=pd.DataFrame(pairs), not_made=not_made,
@@ -225,6 +247,17 @@ Maker = tuple[str, tuple, Callable[[], tuple[Any, Union[float, None]]]]
 
 def _prints(cfg: DescendantsConfig) -> seedprint.FingerprintSettings:
     return seedprint.FingerprintSettings(n=cfg.n, seq_len=cfg.seq_len, seed=cfg.seed)
+
+
+def _test(cfg: DescendantsConfig) -> seedprint.LineageSettings:
+    """The published test at the experiment's m, which "auto" runs after its maps."""
+    return seedprint.LineageSettings(ratio_k=cfg.ratio_k, alpha=ALPHA)
+
+
+def _auto(model: Any, target: Any, base: seedprint.Fingerprint, made: seedprint.Fingerprint, cfg: DescendantsConfig) -> seedprint.SeedPrintResult:
+    """``compare``'s default test of the base against ``target``, reusing both fingerprints where the maps leave
+    the inputs alone (``made`` read renamed tokens where ``fingerprint_like`` found a renaming: not reused)."""
+    return auto_test(model, target, _prints(cfg), _test(cfg), made=(base, None if made.inputs.get("renamed") else made))
 
 
 def _makers(model: Any, cfg: DescendantsConfig, data: TokenData) -> list[Maker]:
@@ -256,15 +289,19 @@ def _makers(model: Any, cfg: DescendantsConfig, data: TokenData) -> list[Maker]:
         (f"renamed vocabulary (seed {cfg.basis_seed})", _KEEPS_BASIS, lambda: (rename_vocabulary(model, cfg.basis_seed), None)),
         (f"renamed, fine-tuned {cfg.finetune_steps} steps", _KEEPS_BASIS, lambda: (rename_vocabulary(made["tuned"], cfg.basis_seed), made["tuned_loss"])),
         ("renamed, 4-bit", _KEEPS_BASIS, lambda: (quantize(rename_vocabulary(model, cfg.basis_seed), 4, cfg.group_size), None)),
+        # both edits at once, as an adversary would hide a descendant
+        (f"permuted + renamed (seed {cfg.basis_seed})", _DISGUISED, lambda: (rename_vocabulary(permute_residual(model, cfg.basis_seed), cfg.basis_seed), None)),
+        (f"{rotated} + renamed", _DISGUISED, lambda: (rename_vocabulary(made["rotated"], cfg.basis_seed), None)),
     ]
 
 
 def _descendants(
-    model: Any, base: seedprint.Fingerprint, makers: list[Maker], held_out: Tensor, bar: Any, started: float
-) -> tuple[dict[str, seedprint.Fingerprint], list[dict[str, Any]], dict[str, tuple], dict[str, str]]:
+    model: Any, base: seedprint.Fingerprint, makers: list[Maker], held_out: Tensor, bar: Any, started: float, cfg: DescendantsConfig,
+) -> tuple[dict[str, seedprint.Fingerprint], list[dict[str, Any]], dict[str, tuple], dict[str, str], dict[str, seedprint.SeedPrintResult]]:
     """Make and fingerprint each descendant: the fingerprints (the base's among them), a row per descendant, the
-    modes that cover each, and why those not made were not."""
-    prints, rows, covers, not_made = {"base": base}, [], {}, {}
+    modes that cover each, why those not made were not, and, with "auto" among the modes, its test of each (made
+    while the descendant is at hand: its maps read its weights)."""
+    prints, rows, covers, not_made, autos = {"base": base}, [], {}, {}, {}
     for name, covered, make in makers:
         began = time.perf_counter()
         try:
@@ -277,6 +314,8 @@ def _descendants(
             continue
         prints[name] = seedprint.fingerprint_like(target, model, base)  # a renamed vocabulary reads the base's tokens renamed
         covers[name] = covered
+        if "auto" in cfg.align_modes:
+            autos[name] = _auto(model, target, base, prints[name], cfg)
         # a weight change is only defined in the base's basis (and vocabulary order)
         change = relative_change(model, target) if covered == _KEEPS_BASIS and not prints[name].inputs.get("renamed") else float("nan")
         renaming = getattr(target, "lens_bias_vocabulary", None)  # a renamed model reads the held-out text renamed
@@ -285,20 +324,24 @@ def _descendants(
                      "seconds": time.perf_counter() - began})
         logger.info("%s fingerprinted (%.0f s so far)", name, time.perf_counter() - started)
         bar.update()
-    return prints, rows, covers, not_made
+    return prints, rows, covers, not_made, autos
 
 
 def _judged(
     cfg: DescendantsConfig, base: seedprint.Fingerprint, prints: dict[str, seedprint.Fingerprint], covers: dict[str, tuple],
-    randoms: list[str], targets: list[str],
+    randoms: list[str], targets: list[str], autos: dict[str, seedprint.SeedPrintResult],
+    auto_pair: Callable[[str, str], seedprint.SeedPrintResult],
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
     """Under each align mode: the base against every target (a row each), the random inits against each other (more
-    unrelated pairs at no fingerprinting cost: TPR at 1% FPR needs them), and the metrics over all those pairs."""
+    unrelated pairs at no fingerprinting cost: TPR at 1% FPR needs them), and the metrics over all those pairs.
+    "auto" reads its tests of the base from ``autos`` and tests a pair of random inits with ``auto_pair``."""
     tests: list[dict[str, Any]] = []
     metrics: list[dict[str, Any]] = []
     pairs: list[dict[str, Any]] = []
 
     def test(a: seedprint.Fingerprint, b: seedprint.Fingerprint, mode: Any, tested: tuple[str, ...]) -> seedprint.SeedPrintResult:
+        if mode == "auto":
+            return autos[tested[0]] if len(tested) == 1 else auto_pair(*tested)
         null = seedprint.AnalyticNull() if mode is None else seedprint.SeedsNull(
             fingerprints=[prints[r] for r in randoms if r not in tested], label="random inits of the config")
         return seedprint.lineage_test(a, b, ratio_k=cfg.ratio_k, alpha=ALPHA, align=mode, null=null)
@@ -310,17 +353,22 @@ def _judged(
             res = test(base, prints[name], mode, (name,))
             covered = descendant and mode in covers[name]
             expected = f"related, p < {STRONG:g}" if covered else "unrelated" if not descendant else "—"
-            ok = res.p < STRONG if covered else res.p >= ALPHA if not descendant else True
+            ok = res.same_lineage and res.p < STRONG if covered else not res.same_lineage if not descendant else True
             tests.append({"target": name, "kind": "descendant" if descendant else "random init", "align": str(mode), "covered": covered,
                           "tau_bar": res.tau_bar, "k": res.k, "z": res.z, "p": res.p, "log10_p": res.log10_p,
                           "verdict": "related" if res.same_lineage else "unrelated", "expected": expected, "ok": ok})
-            pairs.append({"align": str(mode), "a": "base", "b": name, "related": descendant, "score": -res.log10_p, "p": res.p})
+            pairs.append({"align": str(mode), "a": "base", "b": name, "related": descendant, **_scored(res)})
         for i, one in enumerate(randoms):
             for other in randoms[i + 1:]:
                 res = test(prints[one], prints[other], mode, (one, other))
-                pairs.append({"align": str(mode), "a": one, "b": other, "related": False, "score": -res.log10_p, "p": res.p})
+                pairs.append({"align": str(mode), "a": one, "b": other, "related": False, **_scored(res)})
         metrics.append({"align": str(mode), **_metrics(pd.DataFrame(pairs[first:])).iloc[0].to_dict()})
     return tests, metrics, pairs
+
+
+def _scored(res: seedprint.SeedPrintResult) -> dict[str, float]:
+    """A pair's score (−log10 p) and p for the metrics; a pair whose tables overrule p scores as p = 1."""
+    return {"score": 0.0, "p": 1.0} if res.tables_disagree else {"score": -res.log10_p, "p": res.p}
 
 
 def _slug(text: str) -> str:
@@ -374,23 +422,91 @@ def _check_sizes(model: Any, cfg: DescendantsConfig, data: TokenData, n_models: 
                       f"n_random + {n_models - cfg.n_random}", "n")
 
 
+DEPENDS = ("lens_bias/experiments/descendants.py", "lens_bias/seedprint", "lens_bias/models/reparametrise.py", "lens_bias/models/transforms.py")
+"""The sources a families run's numbers depend on (their hashes go in its results file)."""
+
+
+def families_record(results: Mapping[str, DescendantsResult], command: str | None = None) -> dict[str, Any]:
+    """The results file of one run over several families (``descendants.json``; ``docs/render.py`` writes the pages
+    from it): per family, each target's τ̄ and log10 p under each mode; the metrics per family and mode and pooled.
+
+    Args:
+        results: each family's :class:`DescendantsResult`, by family name.
+        command: the command line recorded (default: this process's).
+
+    Returns:
+        A results record (:func:`~lens_bias.core.provenance.results_record`).
+    """
+    pairs = pd.concat([r.pairs.assign(family=family) for family, r in results.items()], ignore_index=True)
+    metrics = lineage_metrics(pairs)
+    counts = pairs.groupby(["family", "align"], sort=False).related.agg(related="sum", pairs="size").reset_index()
+    counts = pd.concat([counts, counts.groupby("align", sort=False)[["related", "pairs"]].sum().reset_index().assign(family="pooled")])
+    metrics = metrics.merge(counts, on=["family", "align"])
+    shown = metrics.assign(align=[_mode_name(m) for m in metrics["align"]], pairs=[f"{r} / {n - r}" for r, n in zip(metrics.related, metrics.pairs)])
+    shown = shown[["family", "align", "auc", "tpr_at_1pct_fpr", "tpr_at_alpha", "fpr_at_alpha", "pairs"]].set_axis(
+        ["family", "mode", "AUC", "TPR @ 1% FPR", "TPR at α", "FPR at α", "related / unrelated pairs"], axis=1)
+    tables = {"metrics": table_of(shown, {c: ".3f" for c in ("AUC", "TPR @ 1% FPR", "TPR at α", "FPR at α")})}
+    numbers: dict[str, Any] = {"config": next(iter(results.values())).config}
+    for family, r in results.items():
+        key = re.sub(r"[^a-z0-9]+", "_", family.lower()).strip("_")  # as numbers_of writes the family below
+        tables[f"targets_{key}"] = table_of(_targets(r))
+        numbers.update({f"{key}.seconds": round(r.seconds), f"{key}.descendants": int((r.models.kind == "descendant").sum()),
+                        f"{key}.base_eval_loss": r.base_eval_loss, f"{key}.as_expected": r.all_as_expected, f"{key}.not_made": list(r.not_made)})
+    keyed = metrics.assign(align=["published" if m == "None" else m for m in metrics["align"]])
+    numbers.update(numbers_of(keyed[["family", "align", "auc", "tpr_at_1pct_fpr", "tpr_at_alpha", "fpr_at_alpha", "related", "pairs"]], ["family", "align"], "metrics"))
+    return results_record(numbers, tables, DEPENDS, command)
+
+
+def _mode_name(mode: str) -> str:
+    return "None (published)" if mode == "None" else f'"{mode}"'
+
+
+def _targets(result: DescendantsResult) -> pd.DataFrame:
+    """Each target's τ̄ and log10 p under each mode, as one cell per mode (✗ where not the expected verdict)."""
+    t = result.table
+    cells = {}
+    for mode, rows in t.groupby("align", sort=False):
+        rows = rows.set_index("target")
+        cells[_mode_name(str(mode))] = [
+            f"{rows.tau_bar[x]:.3f} ({rows.log10_p[x]:.0f})" if rows.log10_p[x] <= -10 else f"{rows.tau_bar[x]:.3f} ({rows.log10_p[x]:.1f})"
+            for x in result.models.target
+        ]
+        cells[_mode_name(str(mode))] = [c + ("" if ok else " ✗") for c, ok in zip(cells[_mode_name(str(mode))], rows.ok[result.models.target])]
+    return pd.DataFrame({"target": result.models.target.values, **cells})
+
+
 class DescendantsExperiment(Experiment):
-    """``lens-bias descendants``: :func:`real_descendants` from the command line."""
+    """``lens-bias descendants``: :func:`real_descendants` from the command line, on one base or several families."""
 
     name = "descendants"
-    help = "SeedPrint against descendants of a pretrained model (quantised, pruned, adapted, fine-tuned, merged, permuted, rotated) and random inits"
+    help = "SeedPrint against descendants of a pretrained model (quantised, pruned, adapted, fine-tuned, merged, permuted, rotated, renamed) and random inits"
     description = ("LeaFBench in miniature, under every align mode: every descendant must be related at p < 1e-10 under each mode that covers "
-                   "it, and every random init unrelated under every mode. Exits 1 otherwise.")
-    preset_help = "sizes (tiny: seconds on a tiny model; default: SmolLM2 in about 35 minutes on 2 CPU cores)"
+                   "it, and every random init unrelated under every mode. With several --model, one family each, and the metrics pooled. "
+                   "Exits 1 otherwise.")
+    preset_help = "sizes (tiny: seconds on a tiny model; default: SmolLM2 in about 35 minutes on 2 CPU cores; family: each of three real families)"
     config_type = DescendantsConfig
     presets = PRESETS
     model_help = "the base model, with a tokenizer"
 
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("--model", nargs="+", default=[DEFAULT_MODEL], metavar="MODEL",
+                            help=f"{self.model_help}; several: one family each, run one after the other (any MODEL strings)")
+
     def run(self, config: DescendantsConfig, args: Any) -> Outcome:
-        result = real_descendants(load_model(args.model), config, progress=not args.no_progress)
+        results: dict[str, DescendantsResult] = {}
+        for text in args.model:
+            family = Path(text).name.removesuffix(".gguf")
+            results[family] = result = real_descendants(load_model(text), config, progress=not args.no_progress)
+            if args.out:
+                folder = Path(args.out) if len(args.model) == 1 else Path(args.out) / _slug(family)
+                folder.mkdir(parents=True, exist_ok=True)
+                result.table.to_csv(folder / "descendants.csv", index=False)
+                result.pairs.to_csv(folder / "pairs.csv", index=False)
+                (folder / "descendants.md").write_text(result.markdown())
+                result.save_fingerprints(Path(args.out) / "fingerprints", family)
         if args.out:
-            Path(args.out).mkdir(parents=True, exist_ok=True)
-            result.table.to_csv(Path(args.out) / "descendants.csv", index=False)
-            (Path(args.out) / "descendants.md").write_text(result.markdown())
-            result.save_fingerprints(Path(args.out) / "fingerprints", Path(args.model).name.removesuffix(".gguf"))
-        return Outcome(result.markdown(), result.all_as_expected)
+            write_results(Path(args.out) / "descendants.json", families_record(results))
+        text = "\n\n".join(f"## {family}\n\n{r.markdown()}" for family, r in results.items()) if len(results) > 1 else next(iter(results.values())).markdown()
+        if len(results) > 1:
+            text += "\n\n## pooled\n\n" + markdown_table(lineage_metrics(pd.concat([r.pairs.assign(family=f) for f, r in results.items()])))
+        return Outcome(text, all(r.all_as_expected for r in results.values()))

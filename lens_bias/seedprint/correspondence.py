@@ -8,12 +8,15 @@ the activations of token IDs that must mean the same tokens. So both are read he
 
 1. **Tokens** (:func:`token_map`). Where both models carry a tokenizer, their token strings give the correspondence
    exactly (common strings only, so added or removed tokens drop out). From the weights alone, each embedding row is
-   described by what a rotation or a permutation of the basis leaves unchanged: its norm, its largest cosines with
-   the other rows of its own table, and those rows' norms. Rows are matched on that description, an orthogonal map
-   is fitted on the pairs that are each other's nearest, and every row is matched again by cosine in the base's
-   basis, until the match settles. It is accepted only where held-out rows find their counterpart at cosine
-   :data:`MATCH_COSINE` (as :mod:`~lens_bias.seedprint.vocabulary` accepts a renaming), so unrelated tables are never
-   paired.
+   described by what a rotation or a permutation of the basis leaves unchanged: its norm and the sizes of its
+   coordinates on its table's own principal axes (O(V·D²)); on tables of at most :data:`QUADRATIC_ROWS` rows, where
+   the principal axes of a random init are too alike to tell apart, also its largest cosines with the other rows of
+   its own table and those rows' norms (O(V²·D)). Rows are matched on a description, an orthogonal map is fitted on
+   the pairs that are each other's nearest, and every row is matched again by cosine in the base's basis, until the
+   match settles. A description is refined only where an orthogonal map fitted on half of its pairs makes a share
+   of the other half agree (unrelated tables are turned down at the cost of the description), and the match is
+   accepted only where held-out rows find their counterpart at cosine :data:`MATCH_COSINE` (as
+   :mod:`~lens_bias.seedprint.vocabulary` accepts a renaming), so unrelated tables are never paired.
 2. **The basis** (:func:`basis_map`). Over the corresponding tokens, the map from the suspect's embedding rows to
    the base's: the identity, a permutation (Hungarian), a rotation (Procrustes) or a linear map (least squares),
    the simplest whose relative residual ``‖B·M − A‖ / ‖A‖`` (rows centred) is at most :data:`FIT`. A table holds far
@@ -36,7 +39,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any, Iterator, Literal, get_args
 
 import torch
 from jaxtyping import Float, Int
@@ -45,9 +48,9 @@ from torch import Tensor
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.stats import unit
 from lens_bias.seedprint.align import map_matrix
-from lens_bias.seedprint.vocabulary import MATCH_COSINE, SAME_TABLE, nearest_rows, renamed_ids, sketch_rows, table_sketch
+from lens_bias.seedprint.vocabulary import MATCH_COSINE, SAME_TABLE, nearest_rows, renamed_ids, table_sketch
 
-__all__ = ["Embedding", "TokenMap", "BasisMap", "token_map", "basis_map", "FIT", "BASIS_KINDS"]
+__all__ = ["Embedding", "TokenMap", "BasisMap", "token_map", "basis_map", "FIT", "BASIS_KINDS", "QUADRATIC_ROWS"]
 
 logger = logging.getLogger(__name__)
 
@@ -64,12 +67,25 @@ Kind = Literal["identity", "permutation", "orthogonal", "linear"]
 BASIS_KINDS: tuple[Kind, ...] = get_args(Kind)
 """The maps :func:`basis_map` tries, simplest first."""
 
+QUADRATIC_ROWS = 16384
+"""The largest table whose rows are also described by their neighbourhoods, a pass quadratic in the rows (20 min at
+Gemma 3's 262k rows on 2 cores). Larger (real) tables are matched on their principal axes alone."""
+
+# Principal axes that describe a row, tried in turn: few are the least disturbed by quantisation; more tell rows apart
+# (Gemma 3's 4-bit copy needs 32).
+_AXES = (16, 32, 64)
 # Nearest neighbours that describe a row, tried in turn: few are the least disturbed by tokens added or removed and by
 # quantisation; more tell rows apart in a table with more structure.
 _NEIGHBOURS = (4, 8)
+# The share of a start's held-out pairs that must agree, after an orthogonal map fitted on its other pairs, for the
+# start to be refined: unrelated tables give none (independent rows' cosines stay near 1/√D); a start refinement can
+# recover holds several percent of right pairs.
+_PROMISING = 0.01
 _ROUNDS = 10  # refinements of a match at most (they settle in three or four)
-_SAMPLE = 2048  # rows matched on the principal axes, then rows held out to judge the refined match
+_SAMPLE = 2048  # rows matched on a description, then rows held out to judge the refined match
 _ROWS = 8192  # corresponding rows a basis map is fitted on
+_CELLS = 1024  # cells of the coarse index the last match looks rows up in
+_PROBES = 8  # cells a row is looked up in: its own and the nearest others
 _BLOCK_BYTES = 1 << 28  # cosines computed 256 MB at a time
 
 
@@ -190,6 +206,43 @@ def _neighbourhoods(table: Tensor, k: int, rows: Tensor | None = None) -> Tensor
     return torch.cat([norms[rows, None], torch.cat(top), norms[index]], dim=1)
 
 
+def _principal(table: Tensor, k: int) -> Tensor:
+    """Each row's norm and the sizes of its coordinates on the table's ``k`` first principal axes (rows centred; the
+    largest first): a description that a rotation or a permutation of the basis leaves unchanged (each axis turns
+    with the basis, and only its sign is arbitrary), and a renaming only reorders."""
+    centred = table.double() - table.double().mean(dim=0)
+    _, axes = torch.linalg.eigh(centred.T @ centred)  # ascending
+    coordinates = (centred @ axes[:, -k:].flip(1)).abs().float()
+    return torch.cat([table.norm(dim=1, keepdim=True), coordinates], dim=1)
+
+
+def _descriptions(table_a: Tensor, table_b: Tensor, rows: Tensor) -> Iterator[tuple[str, Tensor, Tensor]]:
+    """Descriptions of the base's ``rows`` and of every suspect row, in the order they are tried (:func:`_match_rows`):
+    principal axes, then, on small tables, neighbourhoods."""
+    axes = [k for k in _AXES if k < table_a.shape[1]]
+    if axes:  # the axes computed once, for the most; fewer are the first columns
+        most_a, most_b = _principal(table_a, axes[-1])[rows], _principal(table_b, axes[-1])
+        for k in axes:
+            yield f"{k} principal axes", most_a[:, :1 + k], most_b[:, :1 + k]
+    usable = [k for k in _NEIGHBOURS if k < min(table_a.shape[0], table_b.shape[0])]
+    if not usable or max(table_a.shape[0], table_b.shape[0]) > QUADRATIC_ROWS:
+        return
+    # the base's sampled rows against its table, every suspect row against its own (the quadratic step), for the most
+    # neighbours; fewer are read from the same pass
+    most_a, most_b = _neighbourhoods(table_a, usable[-1], rows), _neighbourhoods(table_b, usable[-1])
+    for k in usable:
+        yield f"{k} neighbours", _described(most_a, k), _described(most_b, k)
+
+
+def _promising(table_a: Tensor, table_b: Tensor, rows: Tensor, matched: Tensor) -> bool:
+    """Whether a start (``matched[k]``: ``b``'s row for ``a``'s row ``rows[k]``) holds right pairs: an orthogonal map
+    fitted on its even pairs brings :data:`_PROMISING` of its odd pairs to cosine :data:`MATCH_COSINE`."""
+    fit, held = slice(0, None, 2), slice(1, None, 2)
+    q = map_matrix("orthogonal", table_a[rows[fit]], table_b[matched[fit]]).float()
+    cosine = (unit(table_a[rows[held]]) * unit(table_b[matched[held]] @ q)).sum(dim=1)
+    return (cosine >= MATCH_COSINE).float().mean().item() >= _PROMISING
+
+
 def _described(neighbourhoods: Tensor, k: int) -> Tensor:
     """The description with ``k`` neighbours out of one computed with more (the norm, then k cosines, then k norms)."""
     most = (neighbourhoods.shape[1] - 1) // 2
@@ -215,7 +268,7 @@ def _renamed_in_place(table_a: Tensor, table_b: Tensor, seed: int) -> Int[Tensor
 
 def _match_rows(table_a: Tensor, table_b: Tensor, seed: int) -> Int[Tensor, "v_a"] | None:
     """The suspect's row for every base row, when the tables are one table up to a basis map and a renaming: rows
-    matched on their neighbourhoods (:func:`_neighbourhoods`, 4 then 8 neighbours), each start refined
+    matched on each description in turn (:func:`_descriptions`), a promising start (:func:`_promising`) refined
     (:func:`_refined`) and judged on held-out rows."""
     if table_a.shape[1] != table_b.shape[1]:
         return None
@@ -223,33 +276,43 @@ def _match_rows(table_a: Tensor, table_b: Tensor, seed: int) -> Int[Tensor, "v_a
     fit_rows, judged = order[:_SAMPLE], order[_SAMPLE:2 * _SAMPLE]
     judged = judged if len(judged) else fit_rows
     unit_a = unit(table_a)
-    usable = [k for k in _NEIGHBOURS if k < min(table_a.shape[0], table_b.shape[0])]
-    if not usable:
-        return None
-    # the base's sampled rows against its table, every suspect row against its own (the quadratic step), for the most
-    # neighbours; fewer are read from the same pass
-    most_a, most_b = _neighbourhoods(table_a, usable[-1], fit_rows), _neighbourhoods(table_b, usable[-1])
-    for k in usable:
-        described_a, described_b = _described(most_a, k), _described(most_b, k)
+    for name, described_a, described_b in _descriptions(table_a, table_b, fit_rows):
         centre, spread = described_a.mean(dim=0), described_a.std(dim=0).clamp_min(1e-12)
         start = _closest((described_a - centre) / spread, (described_b - centre) / spread)
+        if not _promising(table_a, table_b, fit_rows, start):
+            continue
         mapped = unit(table_b @ _refined(table_a, table_b, fit_rows, start))
         cosine, _ = nearest_rows(unit_a[judged], mapped)
         if (cosine >= MATCH_COSINE).float().mean().item() >= SAME_TABLE:
-            logger.info("the suspect's embedding rows are the base's under a basis map and a renaming: tokens follow them")
+            logger.info("the suspect's embedding rows are the base's under a basis map and a renaming (rows matched on %s): tokens follow them", name)
             return _nearest_everywhere(unit_a, mapped)
     return None
 
 
 def _nearest_everywhere(unit_a: Tensor, mapped: Tensor) -> Tensor:
-    """Each base row's nearest suspect row, once both are in one basis: searched on 64-dimensional sketches (one
-    projection for both, :func:`~lens_bias.seedprint.vocabulary.sketch_rows`), and searched again in
-    full for the rows whose sketch match is not a match (cosine below :data:`MATCH_COSINE`)."""
-    _, index = nearest_rows(sketch_rows(unit_a), sketch_rows(mapped))
+    """Each base row's nearest suspect row, once both are in one basis: looked up in a coarse index (the suspect's rows
+    grouped around :data:`_CELLS` of them, as an inverted-file index groups them), among the rows of the
+    :data:`_PROBES` cells nearest the cell of the base row, and searched again in full for the rows whose lookup is
+    not a match (cosine below :data:`MATCH_COSINE`). A full search of every row is quadratic in the vocabulary."""
+    if mapped.shape[0] <= _CELLS * _PROBES:
+        return nearest_rows(unit_a, mapped)[1]
+    centres = mapped[torch.randperm(mapped.shape[0], generator=torch.Generator().manual_seed(0))[:_CELLS]]
+    in_a, in_b = (_cells(nearest_rows(x, centres)[1]) for x in (unit_a, mapped))
+    probed = (centres @ centres.T).topk(_PROBES, dim=1).indices  # each cell's nearest cells, itself first
+    index = torch.empty(unit_a.shape[0], dtype=torch.long)
+    for c, rows in enumerate(in_a):
+        if len(rows):
+            candidates = torch.cat([in_b[k] for k in probed[c].tolist()])
+            index[rows] = candidates[nearest_rows(unit_a[rows], mapped[candidates])[1]]
     missed = ((unit_a * mapped[index]).sum(dim=1) < MATCH_COSINE).nonzero().flatten()
     if len(missed):
         index[missed] = nearest_rows(unit_a[missed], mapped)[1]
     return index
+
+
+def _cells(cell: Tensor) -> list[Tensor]:
+    """The rows in each cell, from each row's cell."""
+    return list(torch.argsort(cell).split(torch.bincount(cell, minlength=_CELLS).tolist()))
 
 
 def _closest(rows: Tensor, table: Tensor) -> Tensor:

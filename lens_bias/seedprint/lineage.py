@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, Mapping
 
 import pandas as pd
+import torch
 from jaxtyping import Float
 from torch import Tensor
 
@@ -45,7 +46,7 @@ from lens_bias.seedprint.statistic import MODES, tau_statistic
 from lens_bias.seedprint.tables import TableAgreement, table_agreement
 from lens_bias.seedprint.vocabulary import renamed_tokens
 
-__all__ = ["SeedPrintResult", "LineageSettings", "Maps", "lineage_test", "compare", "mapped_inputs", "mapped_test", "fingerprint_like", "ALPHA", "STRONG", "COMPARE"]
+__all__ = ["SeedPrintResult", "LineageSettings", "Maps", "lineage_test", "compare", "auto_test", "through_maps", "mapped_inputs", "mapped_test", "fingerprint_like", "ALPHA", "STRONG", "COMPARE"]
 
 # The papers' significance level for "same lineage", and the bar a known descendant must clear (LeaFBench-style
 # "overwhelmingly related", as the papers report related pairs at p ≲ 1e-10).
@@ -314,32 +315,73 @@ def compare(
     drawn_tokens = isinstance(prints.inputs, str) and prints.inputs == "tokens"
     if prints.vocab is None and drawn_tokens:
         prints = replace(prints, vocab=min(info_a.d_vocab, info_b.d_vocab))
-    both_trained = info_a.regime == info_b.regime == "trained"
     if testing.align == "auto":
-        result = replace(_auto(model_a, model_b, prints, testing, progress), tables_asked=both_trained)
-    else:
-        fp_a = fingerprint(model_a, prints, progress=progress)
-        fp_b = fingerprint_like(model_b, model_a, fp_a, prints, progress=progress) if drawn_tokens else fingerprint(model_b, prints, progress=progress)
-        result = replace(lineage_test(fp_a, fp_b, testing, progress=progress), renamed_vocabulary=bool(fp_b.inputs.get("renamed")))
+        return auto_test(model_a, model_b, prints, testing, progress=progress)
+    fp_a = fingerprint(model_a, prints, progress=progress)
+    fp_b = fingerprint_like(model_b, model_a, fp_a, prints, progress=progress) if drawn_tokens else fingerprint(model_b, prints, progress=progress)
+    result = replace(lineage_test(fp_a, fp_b, testing, progress=progress), renamed_vocabulary=bool(fp_b.inputs.get("renamed")))
+    return replace(result, caveat=caveats(result, info_a.regime == info_b.regime == "trained"))
+
+
+def auto_test(
+    model_a: Any, model_b: Any, prints: FingerprintSettings, test: LineageSettings, *, maps: "Maps | None" = None,
+    made: tuple[Fingerprint | None, Fingerprint | None] = (None, None), progress: bool = False,
+) -> SeedPrintResult:
+    """:func:`compare`'s default test (``align="auto"``) of two models: the suspect reads the base's tokens under its
+    own IDs and its features are mapped into the base's basis, both maps read from the weights (:class:`Maps`); where
+    neither changes anything, this is the published test, to the same p. Between two trained models the verdict also
+    asks their embedding tables to agree (``tables_asked``).
+
+    Args:
+        model_a: the base.
+        model_b: the suspect.
+        prints: how both are fingerprinted (drawn token inputs).
+        test: the test (its ``align`` is ignored: the test after the maps is the published one).
+        maps: :meth:`Maps.read` of the two models, where already read.
+        made: the two models' fingerprints on ``prints``' own inputs, where already made: reused wherever the maps
+            leave a model's inputs as they are.
+        progress: progress bars.
+
+    Returns:
+        A :class:`SeedPrintResult` with the maps recorded.
+    """
+    if prints.inputs != "tokens":
+        raise LensBiasError("align='auto' draws token inputs (inputs='tokens'): the token map is what it reads through")
+    maps = Maps.read(model_a, model_b) if maps is None else maps
+    inputs = mapped_inputs(maps, prints)
+    reads: list[Tensor | None] = [None, None] if inputs is None else list(inputs)
+    fp_a, fp_b = (
+        fp if _made_on(fp, read) else fingerprint(model, prints, progress=progress) if read is None else fingerprint(model, prints, inputs=read, progress=progress)
+        for model, read, fp in zip((model_a, model_b), reads, made)
+    )
+    return through_maps(maps, fp_a, fp_b, test, ModelAdapter(model_a).info.regime == ModelAdapter(model_b).info.regime == "trained")
+
+
+def through_maps(maps: "Maps", fp_a: Fingerprint, fp_b: Fingerprint, test: LineageSettings, both_trained: bool) -> SeedPrintResult:
+    """The published ``test`` of two fingerprints made on the inputs :func:`mapped_inputs` gives (their own where it
+    gives None), the suspect's features mapped by ``maps.basis``; the verdict asks the tables where ``both_trained``.
+
+    Args:
+        maps: :meth:`Maps.read` of the two models.
+        fp_a: the base's fingerprint.
+        fp_b: the suspect's.
+        test: the test (its ``align`` is ignored).
+        both_trained: whether both models are trained (the tables are asked, and :func:`caveats` read it).
+
+    Returns:
+        A :class:`SeedPrintResult` with the maps recorded.
+    """
+    published = replace(test, align=None)
+    result = mapped_test(fp_a, fp_b, maps.basis, published) if not maps.nothing_to_map else lineage_test(fp_a, fp_b, published)
+    result = replace(maps.recorded(result), tables_asked=both_trained)
     return replace(result, caveat=caveats(result, both_trained))
 
 
-def _auto(model_a: Any, model_b: Any, prints: FingerprintSettings, testing: LineageSettings, progress: bool) -> SeedPrintResult:
-    """compare(align="auto"): the suspect reads the base's tokens under its own IDs and its features are mapped into
-    the base's basis, both maps read from the weights (:class:`Maps`); where neither changes anything, this is the
-    published test, to the same p."""
-    if prints.inputs != "tokens":
-        raise LensBiasError("align='auto' draws token inputs (inputs='tokens'): the token map is what it reads through")
-    maps = Maps.read(model_a, model_b)
-    published = replace(testing, align=None)
-    inputs = mapped_inputs(maps, prints)
-    if inputs is None:
-        fp_a, fp_b = (fingerprint(model, prints, progress=progress) for model in (model_a, model_b))
-    else:
-        fp_a, fp_b = (fingerprint(model, prints, inputs=read, progress=progress) for model, read in zip((model_a, model_b), inputs))
-    if maps.nothing_to_map:
-        return maps.recorded(lineage_test(fp_a, fp_b, published, progress=progress))
-    return maps.recorded(mapped_test(fp_a, fp_b, maps.basis, published))
+def _made_on(fp: Fingerprint | None, tokens: Tensor | None) -> bool:
+    """Whether ``fp`` exists and was made on ``tokens`` (None: on its settings' own drawn inputs)."""
+    if fp is None or tokens is None:
+        return fp is not None
+    return fp.inputs.get("seed") is not None and torch.equal(tokens, regenerate_inputs(fp).tensor())
 
 
 @dataclass(frozen=True)
