@@ -3,10 +3,11 @@
 LeaFBench (SeedPrints paper) fingerprints each base model's descendants — fine-tunes, merges, adapters,
 quantisations — and unrelated models, and reports the AUC of the lineage score. :func:`real_descendants` makes
 them on the spot from any LLaMA-family TransformerLens model with :mod:`lens_bias.models.transforms` and
-:func:`lens_bias.training.trainer.fine_tune` — those that keep the basis, and those that reparametrise it (a
-residual permutation, a rotation with the norm gains folded, and that rotation fine-tuned or 4-bit quantised) —
-fingerprints the base and all of them, and tests each under every align mode (:mod:`lens_bias.seedprint.align`),
-with LeaFBench's metrics per mode.
+:func:`lens_bias.training.trainer.fine_tune` — those that keep the basis, those that reparametrise it (a
+residual permutation, a rotation with the norm gains folded, and that rotation fine-tuned or 4-bit quantised), those
+that rename the vocabulary, and those that do both at once — fingerprints the base and all of them, and tests each
+under the published test, ``compare``'s default (``"auto"``: the maps read from the weights) and every activation-
+fitted align mode (:mod:`lens_bias.seedprint.align`), with LeaFBench's metrics per mode.
 """
 
 from __future__ import annotations
@@ -503,7 +504,7 @@ class DescendantsExperiment(Experiment):
                 result.table.to_csv(folder / "descendants.csv", index=False)
                 result.pairs.to_csv(folder / "pairs.csv", index=False)
                 (folder / "descendants.md").write_text(result.markdown())
-                result.save_fingerprints(Path(args.out) / "fingerprints", family)
+                result.save_fingerprints(folder / "fingerprints", family)  # with its own labels.csv
         if args.out:
             write_results(Path(args.out) / "descendants.json", families_record(results))
         text = "\n\n".join(f"## {family}\n\n{r.markdown()}" for family, r in results.items()) if len(results) > 1 else next(iter(results.values())).markdown()

@@ -48,7 +48,7 @@ from torch import Tensor
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.stats import unit
 from lens_bias.seedprint.align import map_matrix
-from lens_bias.seedprint.vocabulary import MATCH_COSINE, SAME_TABLE, nearest_rows, renamed_ids, table_sketch
+from lens_bias.seedprint.vocabulary import MATCH_COSINE, SAME_TABLE, is_renamed, nearest_rows, table_sketch
 
 __all__ = ["Embedding", "TokenMap", "BasisMap", "token_map", "basis_map", "FIT", "BASIS_KINDS", "QUADRATIC_ROWS"]
 
@@ -260,10 +260,13 @@ def _norms_agree(table_a: Tensor, table_b: Tensor) -> bool:
 
 
 def _renamed_in_place(table_a: Tensor, table_b: Tensor, seed: int) -> Int[Tensor, "v_a"] | None:
-    """The renaming of a suspect that kept the base's basis, found on the 64-dimensional sketches of the rows
-    (:func:`~lens_bias.seedprint.vocabulary.embedding_sketch`) and checked on the rows themselves; None otherwise."""
-    ids = renamed_ids(table_sketch(table_a), table_sketch(table_b), torch.arange(table_a.shape[0]), seed=seed)
-    return ids if ids is not None and _one_table(table_a, table_b, ids, seed) else None
+    """The renaming of a suspect that kept the base's basis: decided on the 64-dimensional sketches of sampled rows
+    (:func:`~lens_bias.seedprint.vocabulary.is_renamed`), each row then looked up among the suspect's
+    (:func:`_nearest_everywhere`) and the whole checked on the rows themselves; None otherwise."""
+    if not is_renamed(table_sketch(table_a), table_sketch(table_b), seed=seed):
+        return None
+    ids = _nearest_everywhere(unit(table_a), unit(table_b))
+    return ids if _one_table(table_a, table_b, ids, seed) else None
 
 
 def _match_rows(table_a: Tensor, table_b: Tensor, seed: int) -> Int[Tensor, "v_a"] | None:

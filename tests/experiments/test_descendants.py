@@ -429,4 +429,5 @@ def test_several_families_from_the_command_line(code_blocks, tmp_path, monkeypat
     assert set(record["tables"]) == {"metrics", "targets_base_0", "targets_base_2"}
     targets = record["tables"]["targets_base_0"]
     assert targets["columns"] == ["target", "None (published)", '"auto"', '"permutation"', '"orthogonal"', '"linear"'] and len(targets["rows"]) == 25
-    assert len(list((tmp_path / "fingerprints").glob("base-0--*.pt"))) == 26
+    assert len(list((tmp_path / "base-0" / "fingerprints").glob("base-0--*.pt"))) == 26
+    assert pd.read_csv(tmp_path / "base-2" / "fingerprints" / "labels.csv").base.eq("base-2").sum() == 16  # each family its own labels

@@ -14,10 +14,12 @@ import lens_bias
 from lens_bias import LensBiasError
 from lens_bias import seedprint as sp
 from lens_bias.core.corpora import prose
+from lens_bias.core.stats import unit
 from lens_bias.models.parameters import copy_model
 from lens_bias.models.reparametrise import permute_residual, rename_vocabulary, rotate_residual
 from lens_bias.models.transforms import quantize
 from lens_bias.seedprint import correspondence, lineage
+from lens_bias.seedprint.vocabulary import nearest_rows
 from lens_bias.training import TokenData, train
 
 SPEC = lens_bias.ModelSpec("llama", d_model=32, n_layers=2, n_heads=4, d_vocab=1200, n_ctx=16, seed=1)  # n <= V/4: the analytic null holds
@@ -135,6 +137,38 @@ def test_the_shortcuts_agree_with_the_full_row_match(base):
     spread = a.clone()
     spread[: len(spread) // 2] *= 3  # half the rows three times longer: another norm distribution
     assert not correspondence._norms_agree(a, spread)
+
+
+def _structured_table(v: int, d: int, seed: int) -> torch.Tensor:
+    """A table with a trained table's decaying spectrum (a random init's principal axes are too alike to tell apart)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(v, d, generator=g) * torch.logspace(0, -1.5, d)
+
+
+def test_large_tables_are_matched_on_their_principal_axes(monkeypatch):
+    """Above QUADRATIC_ROWS the rows are described by their principal axes alone (the neighbourhood pass is not run):
+    a rotated, renamed copy and its 4-bit-like noisy copy are matched to every row, the coarse index gives the full
+    search's answer, and two unrelated tables are turned down before any refinement."""
+    v, d = correspondence.QUADRATIC_ROWS + 4000, 48
+    table = _structured_table(v, d, 0)
+    rotation, _ = torch.linalg.qr(torch.randn(d, d, generator=torch.Generator().manual_seed(1)))
+    renaming = torch.randperm(v, generator=torch.Generator().manual_seed(2))
+    copy = torch.empty_like(table)
+    copy[renaming] = table @ rotation  # new position renaming[i] holds old row i, as rename_vocabulary does
+    noisy = copy + 0.03 * copy.norm(dim=1, keepdim=True) / d**0.5 * torch.randn(v, d, generator=torch.Generator().manual_seed(3))
+    monkeypatch.setattr(correspondence, "_neighbourhoods", lambda *a, **k: pytest.fail("the quadratic description ran on a large table"))
+    refined = []
+    real_refined = correspondence._refined
+    monkeypatch.setattr(correspondence, "_refined", lambda *a: refined.append(1) or real_refined(*a))
+    for suspect in (copy, noisy):
+        tokens = correspondence.token_map(correspondence.Embedding(table, None), correspondence.Embedding(suspect, None))
+        assert tokens.source == "weights" and torch.equal(tokens.ids, renaming)
+    mapped = unit(copy @ rotation.T)
+    assert torch.equal(correspondence._nearest_everywhere(unit(table), mapped), nearest_rows(unit(table), mapped)[1])
+    refined.clear()
+    other = _structured_table(v, d, 4)
+    assert correspondence.token_map(correspondence.Embedding(table, None), correspondence.Embedding(other, None)).source == "none"
+    assert not refined  # no start of an unrelated table held right pairs
 
 
 def test_lineage_across_models_reads_the_maps_of_each_pair(base):
