@@ -350,10 +350,7 @@ def auto_test(
     maps = Maps.read(model_a, model_b) if maps is None else maps
     inputs = mapped_inputs(maps, prints)
     reads: list[Tensor | None] = [None, None] if inputs is None else list(inputs)
-    fp_a, fp_b = (
-        fp if _made_on(fp, read) else fingerprint(model, prints, progress=progress) if read is None else fingerprint(model, prints, inputs=read, progress=progress)
-        for model, read, fp in zip((model_a, model_b), reads, made)
-    )
+    fp_a, fp_b = (_reused(fp, model, prints, read, progress) for model, read, fp in zip((model_a, model_b), reads, made))
     return through_maps(maps, fp_a, fp_b, test, ModelAdapter(model_a).info.regime == ModelAdapter(model_b).info.regime == "trained")
 
 
@@ -377,11 +374,13 @@ def through_maps(maps: "Maps", fp_a: Fingerprint, fp_b: Fingerprint, test: Linea
     return replace(result, caveat=caveats(result, both_trained))
 
 
-def _made_on(fp: Fingerprint | None, tokens: Tensor | None) -> bool:
-    """Whether ``fp`` exists and was made on ``tokens`` (None: on its settings' own drawn inputs)."""
-    if fp is None or tokens is None:
-        return fp is not None
-    return fp.inputs.get("seed") is not None and torch.equal(tokens, regenerate_inputs(fp).tensor())
+def _reused(fp: Fingerprint | None, model: Any, prints: FingerprintSettings, tokens: Tensor | None, progress: bool) -> Fingerprint:
+    """``fp`` where it was made on ``tokens`` (None: on ``prints``' own drawn inputs), else ``model``'s fingerprint on them."""
+    if fp is not None:
+        drawn = regenerate_inputs(fp) if fp.inputs.get("seed") is not None else None
+        if tokens is None or (isinstance(drawn, RandomTokens) and torch.equal(tokens, drawn.tensor())):
+            return fp
+    return fingerprint(model, prints, progress=progress) if tokens is None else fingerprint(model, prints, inputs=tokens, progress=progress)
 
 
 @dataclass(frozen=True)
