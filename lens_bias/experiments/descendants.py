@@ -467,12 +467,9 @@ def _targets(result: DescendantsResult) -> pd.DataFrame:
     t = result.table
     cells = {}
     for mode, rows in t.groupby("align", sort=False):
-        rows = rows.set_index("target")
-        cells[_mode_name(str(mode))] = [
-            f"{rows.tau_bar[x]:.3f} ({rows.log10_p[x]:.0f})" if rows.log10_p[x] <= -10 else f"{rows.tau_bar[x]:.3f} ({rows.log10_p[x]:.1f})"
-            for x in result.models.target
-        ]
-        cells[_mode_name(str(mode))] = [c + ("" if ok else " ✗") for c, ok in zip(cells[_mode_name(str(mode))], rows.ok[result.models.target])]
+        rows = rows.set_index("target").loc[result.models.target]
+        cells[_mode_name(str(mode))] = [f"{tau:.3f} ({log_p:.{0 if log_p <= -10 else 1}f})" + ("" if ok else " ✗")
+                                        for tau, log_p, ok in zip(rows.tau_bar, rows.log10_p, rows.ok)]
     return pd.DataFrame({"target": result.models.target.values, **cells})
 
 

@@ -43,7 +43,7 @@ from lens_bias.core.settings import overridden, route_keywords
 from lens_bias.core.stats import adjust_p, detection_metrics
 from lens_bias.seedprint.align import AlignMode, check_align
 from lens_bias.seedprint.fingerprints import Fingerprint, FingerprintSettings, fingerprint
-from lens_bias.seedprint.lineage import COMPARE, LineageSettings, Maps, SeedPrintResult, lineage_test, mapped_inputs, mapped_test
+from lens_bias.seedprint.lineage import COMPARE, LineageSettings, Maps, SeedPrintResult, lineage_test, mapped_inputs, through_maps
 from lens_bias.seedprint.lineage_run import LineageRun, PairNulls, renamed_prints
 from lens_bias.seedprint.nulls import AnalyticNull
 
@@ -243,7 +243,7 @@ def pairwise_lineage(
 def _auto_pair(run: LineageRun, prints: Sequence[Fingerprint], settings: FingerprintSettings, test: LineageSettings, i: int, j: int) -> SeedPrintResult:
     """One pair under align="auto": the maps read from the two models' embeddings; the fingerprints already made,
     unless the token map changes the inputs (then both models are fingerprinted again on them), tested through the
-    basis map (:func:`mapped_test`), or as they are where nothing maps (the published test)."""
+    basis map, or as they are where nothing maps (:func:`through_maps`)."""
     embedding_a, embedding_b = run.embedding(i), run.embedding(j)
     assert embedding_a is not None and embedding_b is not None  # pairwise_lineage refused saved fingerprints
     maps = Maps.read(embedding_a, embedding_b)
@@ -252,9 +252,7 @@ def _auto_pair(run: LineageRun, prints: Sequence[Fingerprint], settings: Fingerp
     if inputs is not None:  # the token map changes the inputs: both fingerprinted again on the tokens they share
         logger.info("%s reads %s's tokens through its token map (%s)", run.names[j], run.names[i], maps.tokens.source)
         fp_a, fp_b = (fingerprint(run.load(k), settings, inputs=read, progress=False) for k, read in zip((i, j), inputs))
-    result = lineage_test(fp_a, fp_b, test) if maps.nothing_to_map else mapped_test(fp_a, fp_b, maps.basis, test)
-    trained = all(p.model.get("regime") == "trained" for p in (prints[i], prints[j]))
-    return replace(maps.recorded(result), tables_asked=trained)
+    return through_maps(maps, fp_a, fp_b, test, all(p.model.get("regime") == "trained" for p in (prints[i], prints[j])))
 
 
 def _maps_record(res: SeedPrintResult) -> dict[str, Any]:
