@@ -209,7 +209,8 @@ def real_descendants(
     bar.update()
     base_loss = evaluate(model, held_out)
     auto = "auto" in cfg.align_modes
-    prints, rows, covers, not_made, autos = _descendants(model, base, makers, held_out, bar, started, cfg)
+    read = Embedding.of(model)
+    prints, rows, covers, not_made, autos = _descendants(model, read, base, makers, held_out, bar, started, cfg)
     seeds = range(cfg.first_random_seed, cfg.first_random_seed + cfg.n_random)
     randoms: dict[str, int] = {}
     embeddings: dict[str, Embedding] = {}  # the random inits' tables (float16), for their pairs' maps
@@ -219,9 +220,9 @@ def real_descendants(
         prints[name] = seedprint.fingerprint(fresh, _prints(cfg), progress=False)
         randoms[name] = seed
         if auto:
-            autos[name] = _auto(model, fresh, base, prints[name], cfg)
-            read = Embedding.of(fresh)
-            embeddings[name] = Embedding(read.table.half(), read.words)
+            autos[name] = _auto(model, read, fresh, base, prints[name], cfg)
+            drawn = Embedding.of(fresh)
+            embeddings[name] = Embedding(drawn.table.half(), drawn.words)
         rows.append({"target": name, "kind": "random init", "weight_change": float("nan"), "eval_loss": float("nan"), "seconds": time.perf_counter() - began})
         began = time.perf_counter()
         bar.update()
@@ -255,10 +256,12 @@ def _test(cfg: DescendantsConfig) -> seedprint.LineageSettings:
     return seedprint.LineageSettings(ratio_k=cfg.ratio_k, alpha=ALPHA)
 
 
-def _auto(model: Any, target: Any, base: seedprint.Fingerprint, made: seedprint.Fingerprint, cfg: DescendantsConfig) -> seedprint.SeedPrintResult:
-    """``compare``'s default test of the base against ``target``, reusing both fingerprints where the maps leave
-    the inputs alone (``made`` read renamed tokens where ``fingerprint_like`` found a renaming: not reused)."""
-    return auto_test(model, target, _prints(cfg), _test(cfg), made=(base, None if made.inputs.get("renamed") else made))
+def _auto(model: Any, read: Embedding, target: Any, base: seedprint.Fingerprint, made: seedprint.Fingerprint, cfg: DescendantsConfig) -> seedprint.SeedPrintResult:
+    """``compare``'s default test of the base (``read``: its embedding, read once for every target) against
+    ``target``, reusing both fingerprints where the maps leave the inputs alone (``made`` read renamed tokens where
+    ``fingerprint_like`` found a renaming: not reused)."""
+    maps = Maps.read(read, target)
+    return auto_test(model, target, _prints(cfg), _test(cfg), maps=maps, made=(base, None if made.inputs.get("renamed") else made))
 
 
 def _makers(model: Any, cfg: DescendantsConfig, data: TokenData) -> list[Maker]:
@@ -297,11 +300,12 @@ def _makers(model: Any, cfg: DescendantsConfig, data: TokenData) -> list[Maker]:
 
 
 def _descendants(
-    model: Any, base: seedprint.Fingerprint, makers: list[Maker], held_out: Tensor, bar: Any, started: float, cfg: DescendantsConfig,
+    model: Any, read: Embedding, base: seedprint.Fingerprint, makers: list[Maker], held_out: Tensor, bar: Any, started: float,
+    cfg: DescendantsConfig,
 ) -> tuple[dict[str, seedprint.Fingerprint], list[dict[str, Any]], dict[str, tuple], dict[str, str], dict[str, seedprint.SeedPrintResult]]:
     """Make and fingerprint each descendant: the fingerprints (the base's among them), a row per descendant, the
     modes that cover each, why those not made were not, and, with "auto" among the modes, its test of each (made
-    while the descendant is at hand: its maps read its weights)."""
+    while the descendant is at hand: its maps read its weights against the base's, ``read``)."""
     prints, rows, covers, not_made, autos = {"base": base}, [], {}, {}, {}
     for name, covered, make in makers:
         began = time.perf_counter()
@@ -316,7 +320,7 @@ def _descendants(
         prints[name] = seedprint.fingerprint_like(target, model, base)  # a renamed vocabulary reads the base's tokens renamed
         covers[name] = covered
         if "auto" in cfg.align_modes:
-            autos[name] = _auto(model, target, base, prints[name], cfg)
+            autos[name] = _auto(model, read, target, base, prints[name], cfg)
         # a weight change is only defined in the base's basis (and vocabulary order)
         change = relative_change(model, target) if covered == _KEEPS_BASIS and not prints[name].inputs.get("renamed") else float("nan")
         renaming = getattr(target, "lens_bias_vocabulary", None)  # a renamed model reads the held-out text renamed

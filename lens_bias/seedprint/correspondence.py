@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Iterator, Literal, get_args
 
 import torch
@@ -124,10 +125,23 @@ class BasisMap:
 @dataclass(frozen=True)
 class Embedding:
     """What the maps read of a model: its token embedding table and its tokenizer's vocabulary (None without one).
-    A lineage run keeps these instead of the models (``LineageRun.embedding``)."""
+    A lineage run keeps these instead of the models (``LineageRun.embedding``); the descriptions of its rows are
+    computed once per table, however many pairs it is read in."""
 
     table: Float[Tensor, "d_vocab d_model"]
     words: dict[str, int] | None
+
+    @cached_property
+    def principal(self) -> Float[Tensor, "d_vocab k"] | None:
+        """Each row's norm and the sizes of its coordinates on the most principal axes :data:`_AXES` allows below
+        the width (:func:`_principal`; fewer axes are its first columns); None where the width allows none."""
+        axes = [k for k in _AXES if k < self.table.shape[1]]
+        return _principal(self.table.float(), axes[-1]) if axes else None
+
+    @cached_property
+    def sketch(self) -> Float[Tensor, "d_vocab k"]:
+        """The rows' sketch (:func:`~lens_bias.seedprint.vocabulary.table_sketch`), in the table's own basis."""
+        return table_sketch(self.table.float())
 
     @classmethod
     def of(cls, model: Any) -> "Embedding":
@@ -175,12 +189,12 @@ def token_map(base: Any, suspect: Any, *, seed: int = 0) -> TokenMap:
     identity[identity >= table_b.shape[0]] = -1
     if _one_table(table_a, table_b, identity, seed):  # the cheap check first: most suspects keep their token order
         return TokenMap(identity, "same")
-    renamed = _renamed_in_place(table_a, table_b, seed)  # a renaming that kept the basis: cheap to find
+    renamed = _renamed_in_place(a, b, seed)  # a renaming that kept the basis: cheap to find
     if renamed is not None:
         return TokenMap(renamed, "weights")
     if not _norms_agree(table_a, table_b):  # no map makes them one table: the quadratic match is not needed to say so
         return by_words if by_words is not None else TokenMap(identity, "none")
-    matched = _match_rows(table_a, table_b, seed)
+    matched = _match_rows(a, b, seed)
     if matched is None:  # the rows tell nothing: the tokenizers' word, where there is one
         return by_words if by_words is not None else TokenMap(identity, "none")
     return TokenMap(matched, "same" if bool((matched == torch.arange(v_a)).all()) else "weights")
@@ -216,13 +230,13 @@ def _principal(table: Tensor, k: int) -> Tensor:
     return torch.cat([table.norm(dim=1, keepdim=True), coordinates], dim=1)
 
 
-def _descriptions(table_a: Tensor, table_b: Tensor, rows: Tensor) -> Iterator[tuple[str, Tensor, Tensor]]:
+def _descriptions(a: Embedding, b: Embedding, rows: Tensor) -> Iterator[tuple[str, Tensor, Tensor]]:
     """Descriptions of the base's ``rows`` and of every suspect row, in the order they are tried (:func:`_match_rows`):
     principal axes, then, on small tables, neighbourhoods."""
-    axes = [k for k in _AXES if k < table_a.shape[1]]
-    if axes:  # the axes computed once, for the most; fewer are the first columns
-        most_a, most_b = _principal(table_a, axes[-1])[rows], _principal(table_b, axes[-1])
-        for k in axes:
+    table_a, table_b = a.table.float(), b.table.float()
+    if a.principal is not None and b.principal is not None:  # computed for the most axes; fewer are the first columns
+        most_a, most_b = a.principal[rows], b.principal
+        for k in (k for k in _AXES if k < table_a.shape[1]):
             yield f"{k} principal axes", most_a[:, :1 + k], most_b[:, :1 + k]
     usable = [k for k in _NEIGHBOURS if k < min(table_a.shape[0], table_b.shape[0])]
     if not usable or max(table_a.shape[0], table_b.shape[0]) > QUADRATIC_ROWS:
@@ -259,27 +273,29 @@ def _norms_agree(table_a: Tensor, table_b: Tensor) -> bool:
     return bool(((qa - qb).abs() / qa.clamp_min(1e-12)).max() <= NORM_SPREAD)
 
 
-def _renamed_in_place(table_a: Tensor, table_b: Tensor, seed: int) -> Int[Tensor, "v_a"] | None:
+def _renamed_in_place(a: Embedding, b: Embedding, seed: int) -> Int[Tensor, "v_a"] | None:
     """The renaming of a suspect that kept the base's basis: decided on the 64-dimensional sketches of sampled rows
     (:func:`~lens_bias.seedprint.vocabulary.is_renamed`), each row then looked up among the suspect's
     (:func:`_nearest_everywhere`) and the whole checked on the rows themselves; None otherwise."""
-    if not is_renamed(table_sketch(table_a), table_sketch(table_b), seed=seed):
+    if not is_renamed(a.sketch, b.sketch, seed=seed):
         return None
+    table_a, table_b = a.table.float(), b.table.float()
     ids = _nearest_everywhere(unit(table_a), unit(table_b))
     return ids if _one_table(table_a, table_b, ids, seed) else None
 
 
-def _match_rows(table_a: Tensor, table_b: Tensor, seed: int) -> Int[Tensor, "v_a"] | None:
+def _match_rows(a: Embedding, b: Embedding, seed: int) -> Int[Tensor, "v_a"] | None:
     """The suspect's row for every base row, when the tables are one table up to a basis map and a renaming: rows
     matched on each description in turn (:func:`_descriptions`), a promising start (:func:`_promising`) refined
     (:func:`_refined`) and judged on held-out rows."""
+    table_a, table_b = a.table.float(), b.table.float()
     if table_a.shape[1] != table_b.shape[1]:
         return None
     order = torch.randperm(table_a.shape[0], generator=torch.Generator().manual_seed(seed))
     fit_rows, judged = order[:_SAMPLE], order[_SAMPLE:2 * _SAMPLE]
     judged = judged if len(judged) else fit_rows
     unit_a = unit(table_a)
-    for name, described_a, described_b in _descriptions(table_a, table_b, fit_rows):
+    for name, described_a, described_b in _descriptions(a, b, fit_rows):
         centre, spread = described_a.mean(dim=0), described_a.std(dim=0).clamp_min(1e-12)
         start = _closest((described_a - centre) / spread, (described_b - centre) / spread)
         if not _promising(table_a, table_b, fit_rows, start):

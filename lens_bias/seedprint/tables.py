@@ -70,11 +70,11 @@ def table_agreement(base: Any, suspect: Any, tokens: TokenMap, basis: BasisMap |
     Returns:
         A :class:`TableAgreement`.
     """
-    table_a, table_b = (Embedding.of(m).table.double() for m in (base, suspect))
+    table_a, table_b = (Embedding.of(m).table for m in (base, suspect))
     shared = tokens.shared
     if table_a.shape[1] != table_b.shape[1] or len(shared) < 3:
         return TableAgreement(z=0.0, mean_correlation=0.0, rows=len(shared), log10_p=0.0)
-    a, b = table_a[shared], table_b[tokens.ids[shared]]
+    a, b = table_a[shared].double(), table_b[tokens.ids[shared]].double()  # the rows compared, each copied once
     fitted = basis is not None and basis.matrix is not None
     if fitted:
         assert basis is not None

@@ -129,9 +129,10 @@ def test_the_shortcuts_agree_with_the_full_row_match(base):
     """A renaming that kept the basis is found on the sketches, as the full row match finds it; tables whose row norms
     differ are not matched at all (no basis map or renaming changes a norm), while edits that keep the function pass."""
     renamed = rename_vocabulary(base, seed=3)
-    a, b = correspondence.Embedding.of(base).table, correspondence.Embedding.of(renamed).table
-    quick = correspondence._renamed_in_place(a, b, 0)
-    assert torch.equal(quick, renamed.lens_bias_vocabulary) and torch.equal(quick, correspondence._match_rows(a, b, 0))
+    read_a, read_b = correspondence.Embedding.of(base), correspondence.Embedding.of(renamed)
+    a = read_a.table
+    quick = correspondence._renamed_in_place(read_a, read_b, 0)
+    assert torch.equal(quick, renamed.lens_bias_vocabulary) and torch.equal(quick, correspondence._match_rows(read_a, read_b, 0))
     for edited in (rotate_residual(base, seed=2), quantize(base, 4), _with_tokens_added(rename_vocabulary(base, seed=3))):
         assert correspondence._norms_agree(a, correspondence.Embedding.of(edited).table)
     spread = a.clone()
