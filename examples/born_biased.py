@@ -6,6 +6,7 @@ seed-fixed direction (high inter-sequence cosine) and favour some next tokens ov
 nothing across sequences (inter ≈ 0).
 
     python examples/born_biased.py                 # d_model 256, 4 layers, 256 sequences of 64 tokens (~20 s)
+    python examples/born_biased.py --results docs/results/born_biased.json   # the table the docs render
     python examples/born_biased.py --d-model 64 --n-layers 2 --n 16 --seq-len 16   # a smoke run
 """
 
@@ -16,6 +17,7 @@ import argparse
 import pandas as pd
 
 import lens_bias
+from lens_bias.core.provenance import numbers_of, results_record, table_of, write_results
 
 MODELS = {
     "ReLU GPT": dict(arch="gpt2", act_fn="relu", positional_embedding="rotary"),
@@ -33,6 +35,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     parser.add_argument("--n", type=int, default=256, help="random sequences")
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0, help="init seed of every model")
+    parser.add_argument("--results", default=None, metavar="PATH", help="also write the table as a results file (docs/results/born_biased.json)")
     args = parser.parse_args(argv)
 
     rows = []
@@ -56,6 +59,11 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     table = pd.DataFrame(rows).set_index("model")
     print(f"d_model {args.d_model}, {args.n_layers} layers, V {args.d_vocab}; {args.n} random sequences of {args.seq_len} tokens")
     print(table.to_string(float_format=lambda v: f"{v:.3f}"))
+    if args.results:  # the docs render their numbers from it (docs/render.py)
+        frame = table.reset_index()
+        tables = {"models": table_of(frame, {column: ".3f" for column in table.columns})}
+        write_results(args.results, results_record(numbers_of(frame, ["model"], "models"), tables, ("examples/born_biased.py", "analyses"),
+                                                   command="python examples/born_biased.py --results docs/results/born_biased.json"))
     return table
 
 

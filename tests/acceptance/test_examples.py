@@ -1,5 +1,6 @@
 """The example scripts run top to bottom (small settings) and show what their docstrings claim."""
 
+import json
 import runpy
 import subprocess
 import sys
@@ -12,12 +13,28 @@ from lens_bias.core import tl
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-def test_born_biased_smoke(monkeypatch, capsys):
-    argv = ["born_biased.py", "--d-model", "64", "--n-layers", "2", "--d-vocab", "500", "--n", "16", "--seq-len", "16"]
+def test_born_biased_smoke(monkeypatch, capsys, tmp_path):
+    results = tmp_path / "born_biased.json"
+    argv = ["born_biased.py", "--d-model", "64", "--n-layers", "2", "--d-vocab", "500", "--n", "16", "--seq-len", "16", "--results", str(results)]
     monkeypatch.setattr(sys, "argv", argv)
     runpy.run_path(str(EXAMPLES / "born_biased.py"), run_name="__main__")
     out = capsys.readouterr().out
     assert all(name in out for name in ("ReLU GPT", "GELU GPT", "SwiGLU llama", "attention-only GPT"))
+    record = json.loads(results.read_text())
+    assert [row[0] for row in record["tables"]["models"]["rows"]] == ["ReLU GPT", "GELU GPT", "SwiGLU llama", "attention-only GPT"]
+    assert -1 <= record["numbers"]["models.relu_gpt.inter"] <= 1 and record["numbers"]["models.relu_gpt.max_min_p"] >= 1
+
+
+def test_ablations_smoke(capsys, tmp_path):
+    """The ablations example's table is ablate's own, at the final norm, and its results file holds it."""
+    results = tmp_path / "ablations.json"
+    argv = ["--d-model", "64", "--n-layers", "2", "--d-vocab", "500", "--n", "16", "--seq-len", "16", "--results", str(results)]
+    table = runpy.run_path(str(EXAMPLES / "ablations.py"))["main"](argv)
+    assert "odd_mlp+self_only_attention" in capsys.readouterr().out
+    record = json.loads(results.read_text())
+    assert record["numbers"]["conditions.base.inter"] == pytest.approx(table.loc["base", "inter"])
+    # odd activations remove the shared direction that a ReLU MLP writes (the page's claim, at this small size too)
+    assert abs(table.loc["odd_mlp", "inter"]) < table.loc["base", "inter"]
 
 
 def test_orders_of_magnitude_smoke(monkeypatch, capsys):
