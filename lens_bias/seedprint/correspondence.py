@@ -133,8 +133,8 @@ class Embedding:
 
     @cached_property
     def principal(self) -> Float[Tensor, "d_vocab k"] | None:
-        """Each row's norm and the sizes of its coordinates on the most principal axes :data:`_AXES` allows below
-        the width (:func:`_principal`; fewer axes are its first columns); None where the width allows none."""
+        """Each row's norm and the sizes of its coordinates on the table's principal axes, as many as the width allows
+        (at most 64; fewer axes are its first columns); None where the width allows none."""
         axes = [k for k in _AXES if k < self.table.shape[1]]
         return _principal(self.table.float(), axes[-1]) if axes else None
 
