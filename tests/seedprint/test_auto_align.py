@@ -161,15 +161,20 @@ def test_large_tables_are_matched_on_their_principal_axes(monkeypatch):
     refined = []
     real_refined = correspondence._refined
     monkeypatch.setattr(correspondence, "_refined", lambda *a: refined.append(1) or real_refined(*a))
+    described = []
+    real_principal = correspondence._principal
+    monkeypatch.setattr(correspondence, "_principal", lambda *a: described.append(1) or real_principal(*a))
+    base = correspondence.Embedding(table, None)
     for suspect in (copy, noisy):
-        tokens = correspondence.token_map(correspondence.Embedding(table, None), correspondence.Embedding(suspect, None))
+        tokens = correspondence.token_map(base, correspondence.Embedding(suspect, None))
         assert tokens.source == "weights" and torch.equal(tokens.ids, renaming)
     mapped = unit(copy @ rotation.T)
     assert torch.equal(correspondence._nearest_everywhere(unit(table), mapped), nearest_rows(unit(table), mapped)[1])
     refined.clear()
     other = _structured_table(v, d, 4)
-    assert correspondence.token_map(correspondence.Embedding(table, None), correspondence.Embedding(other, None)).source == "none"
+    assert correspondence.token_map(base, correspondence.Embedding(other, None)).source == "none"
     assert not refined  # no start of an unrelated table held right pairs
+    assert len(described) == 4  # each table's principal axes computed once: the base's for its three pairs
 
 
 def test_lineage_across_models_reads_the_maps_of_each_pair(base):
