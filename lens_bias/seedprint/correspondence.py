@@ -135,7 +135,7 @@ class Embedding:
     def principal(self) -> Float[Tensor, "d_vocab k"] | None:
         """Each row's norm and the sizes of its coordinates on the table's principal axes, as many as the width allows
         (at most 64; fewer axes are its first columns); None where the width allows none."""
-        axes = [k for k in _AXES if k < self.table.shape[1]]
+        axes = _axes(self.table.shape[1])
         return _principal(self.table.float(), axes[-1]) if axes else None
 
     @cached_property
@@ -220,6 +220,11 @@ def _neighbourhoods(table: Tensor, k: int, rows: Tensor | None = None) -> Tensor
     return torch.cat([norms[rows, None], torch.cat(top), norms[index]], dim=1)
 
 
+def _axes(width: int) -> list[int]:
+    """The numbers of principal axes (``_AXES``) a table of this width is described on, fewest first."""
+    return [k for k in _AXES if k < width]
+
+
 def _principal(table: Tensor, k: int) -> Tensor:
     """Each row's norm and the sizes of its coordinates on the table's ``k`` first principal axes (rows centred; the
     largest first): a description that a rotation or a permutation of the basis leaves unchanged (each axis turns
@@ -233,17 +238,17 @@ def _principal(table: Tensor, k: int) -> Tensor:
 def _descriptions(a: Embedding, b: Embedding, rows: Tensor) -> Iterator[tuple[str, Tensor, Tensor]]:
     """Descriptions of the base's ``rows`` and of every suspect row, in the order they are tried (:func:`_match_rows`):
     principal axes, then, on small tables, neighbourhoods."""
-    table_a, table_b = a.table.float(), b.table.float()
     if a.principal is not None and b.principal is not None:  # computed for the most axes; fewer are the first columns
         most_a, most_b = a.principal[rows], b.principal
-        for k in (k for k in _AXES if k < table_a.shape[1]):
+        for k in _axes(a.table.shape[1]):
             yield f"{k} principal axes", most_a[:, :1 + k], most_b[:, :1 + k]
-    usable = [k for k in _NEIGHBOURS if k < min(table_a.shape[0], table_b.shape[0])]
-    if not usable or max(table_a.shape[0], table_b.shape[0]) > QUADRATIC_ROWS:
+    rows_a, rows_b = a.table.shape[0], b.table.shape[0]
+    usable = [k for k in _NEIGHBOURS if k < min(rows_a, rows_b)]
+    if not usable or max(rows_a, rows_b) > QUADRATIC_ROWS:
         return
     # the base's sampled rows against its table, every suspect row against its own (the quadratic step), for the most
     # neighbours; fewer are read from the same pass
-    most_a, most_b = _neighbourhoods(table_a, usable[-1], rows), _neighbourhoods(table_b, usable[-1])
+    most_a, most_b = _neighbourhoods(a.table.float(), usable[-1], rows), _neighbourhoods(b.table.float(), usable[-1])
     for k in usable:
         yield f"{k} neighbours", _described(most_a, k), _described(most_b, k)
 
