@@ -150,7 +150,7 @@ def test_large_tables_are_matched_on_their_principal_axes(monkeypatch):
     """Above QUADRATIC_ROWS the rows are described by their principal axes alone (the neighbourhood pass is not run):
     a rotated, renamed copy and its 4-bit-like noisy copy are matched to every row, the coarse index gives the full
     search's answer, and two unrelated tables are turned down before any refinement."""
-    v, d = correspondence.QUADRATIC_ROWS + 4000, 48
+    v, d = correspondence.QUADRATIC_ROWS + 4000, 96  # wider than the last match's lookup axes: its shortlist is a projection
     table = _structured_table(v, d, 0)
     rotation, _ = torch.linalg.qr(torch.randn(d, d, generator=torch.Generator().manual_seed(1)))
     renaming = torch.randperm(v, generator=torch.Generator().manual_seed(2))
@@ -168,8 +168,9 @@ def test_large_tables_are_matched_on_their_principal_axes(monkeypatch):
     for suspect in (copy, noisy):
         tokens = correspondence.token_map(base, correspondence.Embedding(suspect, None))
         assert tokens.source == "weights" and torch.equal(tokens.ids, renaming)
-    mapped = unit(copy @ rotation.T)
-    assert torch.equal(correspondence._nearest_everywhere(unit(table), mapped), nearest_rows(unit(table), mapped)[1])
+    for suspect in (copy, noisy):
+        mapped = unit(suspect @ rotation.T)
+        assert torch.equal(correspondence._nearest_everywhere(unit(table), mapped), nearest_rows(unit(table), mapped)[1])
     refined.clear()
     other = _structured_table(v, d, 4)
     assert correspondence.token_map(base, correspondence.Embedding(other, None)).source == "none"
