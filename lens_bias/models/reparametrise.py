@@ -191,11 +191,12 @@ def rename_vocabulary(model: Any, seed: int = 0) -> Any:
     """
     clone = copy_model(model)
     params = parameters(clone)
-    vocab = int(model.cfg.d_vocab)
-    perm = torch.randperm(vocab, generator=torch.Generator().manual_seed(seed))
     rows = {"embed.weight", "embed.W_E", "unembed.weight", "unembed.b_U", "unembed.bias"}  # vocabulary on axis 0
-    if not {"embed.weight", "embed.W_E"} & set(params):
+    embedding = next((params[name] for name in ("embed.weight", "embed.W_E") if name in params), None)
+    if embedding is None:
         raise LensBiasError("rename_vocabulary needs a token embedding (embed.weight or embed.W_E)")
+    # the table's rows, not cfg.d_vocab: a vocabulary grown by resize_token_embeddings can keep the old count in cfg
+    perm = torch.randperm(embedding.shape[0], generator=torch.Generator().manual_seed(seed))
     with torch.no_grad():
         for name, p in params.items():
             if name in rows or name == "unembed.W_U":

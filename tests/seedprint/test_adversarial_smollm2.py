@@ -1,0 +1,113 @@
+"""The adversarial suite on SmolLM2-135M-Instruct (the slow tier; test_auto_align.py runs it on tiny inits): every
+combination of basis {kept, permuted, rotated with gains folded} × vocabulary {kept, renamed, renamed with 16 tokens
+added} × weights {as they are, 4-bit, a short fine-tune} is related under compare's default, and the same disguise
+of a random init of SmolLM2's shape is not.
+
+The 27 combinations take about 8 minutes of one core, and CI runs the TL 4 and TL 3 suites side by side, one core
+each; so each suite runs its share, by basis: TL 4 the kept basis, TL 3 (whose suite is the shorter) the permuted and
+rotated ones. What differs between the two TL versions (the edits on a bridge and on a HookedTransformer, the
+fingerprints) is tested on both with every combination on tiny inits (test_auto_align.py) and with SmolLM2 rotated
+and renamed (test_real_model.py); what SmolLM2 adds, its 49,152 real embedding rows, is the same on both.
+
+The edits are made on the Hugging Face model where a TL model cannot make them: the 16 tokens are added by
+``resize_token_embeddings`` (new rows drawn from the table's own mean and covariance, so they look like real tokens)
+and the fine-tune is a few optimizer steps of the Hugging Face model on held-out prose."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from typing import Any
+
+import pytest
+import torch
+
+from lens_bias import seedprint as sp
+from lens_bias.core.inputs import text_tokens
+from lens_bias.models.huggingface import from_hf
+from lens_bias.models.reparametrise import permute_residual, rename_vocabulary, rotate_residual
+from lens_bias.models.transforms import quantize, random_inits
+
+from ..conftest import BACKEND
+
+pytestmark = pytest.mark.slow
+
+# n 64 of 4 tokens (compare's m 0.1·D: k = 57 identity dims): a related pair keeps τ̄ near 1 (0.5 and more after 4-bit
+# or the fine-tune), far beyond p < 1e-10's τ̄ > 6.5 · sd(τ) / √k = 6.5 · 0.086 / √57 = 0.074; unrelated models stay
+# near 0. The maps, not the fingerprints, are under test, and they read all 49k rows whatever n is.
+SIZES = dict(n=64, seq_len=4, progress=False)
+BASES = {"kept": lambda m: m, "permuted": lambda m: permute_residual(m, seed=2), "rotated": lambda m: rotate_residual(m, seed=2)}
+HERE = ("kept",) if BACKEND == "bridge" else ("permuted", "rotated")  # this TL version's share (above)
+VOCABS = ("kept", "renamed", "renamed + 16")
+WEIGHTS = ("as they are", "4-bit", "fine-tuned")
+
+
+def _fine_tuned(hf: Any, tokenizer: Any) -> Any:
+    """A copy of ``hf`` after 8 AdamW steps (lr 1e-4) on held-out prose: weights moved by about 1e-3 relative."""
+    tuned = copy.deepcopy(hf).train()
+    tokens = text_tokens(tokenizer, 32, 32, seed=11)
+    optimizer = torch.optim.AdamW(tuned.parameters(), lr=1e-4)
+    for batch in tokens.split(4):
+        optimizer.zero_grad()
+        tuned(input_ids=batch, labels=batch).loss.backward()
+        optimizer.step()
+    return tuned.eval().requires_grad_(False)
+
+
+@pytest.fixture(scope="module")
+def starts(smollm2: Any, smollm2_hf: tuple[Any, Any]) -> dict[tuple[str, bool], Any]:
+    """The TL models each combination starts from, keyed by (weights before quantisation, 16 tokens added)."""
+    hf, tokenizer = smollm2_hf
+    tuned = _fine_tuned(hf, tokenizer)
+
+    def grown(model: Any) -> Any:
+        model = copy.deepcopy(model)
+        model.resize_token_embeddings(model.config.vocab_size + 16)
+        return from_hf(model, tokenizer)
+
+    return {("base", False): smollm2, ("base", True): grown(hf), ("tuned", False): from_hf(copy.deepcopy(tuned), tokenizer), ("tuned", True): grown(tuned)}
+
+
+def _disguised(model: Any, basis: str, vocab: str) -> Any:
+    edited = BASES[basis](model)
+    return edited if vocab == "kept" else rename_vocabulary(edited, seed=3)
+
+
+@pytest.fixture(scope="module")
+def moved(starts: dict[tuple[str, bool], Any]) -> Any:
+    """Each start in a basis, made once and kept while the tests of that basis run (they run basis by basis), so
+    that at most four moved copies of a 135M model are held at a time."""
+    held: dict[str, dict[tuple[str, bool], Any]] = {}
+
+    def get(basis: str, start: tuple[str, bool]) -> Any:
+        if basis not in held:
+            held.clear()
+            held[basis] = {}
+        if start not in held[basis]:
+            held[basis][start] = BASES[basis](starts[start])
+        return held[basis][start]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def controls(starts: dict[tuple[str, bool], Any]) -> dict[tuple[str, str], Any]:
+    """compare's result for a random init of SmolLM2's shape under each disguise, computed once per disguise."""
+    inits = {added: next(random_inits(starts[("base", added)], [1_000_000])) for added in (False, True)}
+    return {(basis, vocab): sp.compare(starts[("base", False)], _disguised(inits[vocab == "renamed + 16"], basis, vocab), **SIZES)
+            for basis, vocab in itertools.product(HERE, VOCABS)}
+
+
+@pytest.mark.parametrize("basis, vocab, weights", list(itertools.product(HERE, VOCABS, WEIGHTS)))
+def test_every_combination_of_edits_is_found_and_the_control_is_not(smollm2, moved, controls, basis, vocab, weights):
+    suspect = moved(basis, ("tuned" if weights == "fine-tuned" else "base", vocab == "renamed + 16"))
+    suspect = suspect if vocab == "kept" else rename_vocabulary(suspect, seed=3)
+    if weights == "4-bit":  # after the disguise, as rotation-based quantisation ships it
+        suspect = quantize(suspect, 4)
+    result = sp.compare(smollm2, suspect, **SIZES)
+    assert result.same_lineage and result.log10_p < -10, str(result)
+    expected = {"kept": "identity", "permuted": "permutation", "rotated": "orthogonal"}[basis]
+    assert result.basis_map == expected or (weights != "as they are" and result.basis_map in ("orthogonal", "linear")), str(result)
+    assert result.renamed_vocabulary == (vocab != "kept"), str(result)
+    control = controls[(basis, vocab)]
+    assert not control.same_lineage and control.basis_map == "none", str(control)
