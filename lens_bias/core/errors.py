@@ -4,7 +4,7 @@ A ``ValueError`` or ``TypeError`` that is not a ``LensBiasError`` comes from len
 it), so it is a bug: the command line shows its traceback instead of a tidy one-line refusal.
 """
 
-__all__ = ["LensBiasError", "WrongType", "MissingExtra"]
+__all__ = ["LensBiasError", "WrongType", "MissingExtra", "NonFinite"]
 
 
 class LensBiasError(ValueError):
@@ -22,3 +22,8 @@ class WrongType(LensBiasError, TypeError):
 class MissingExtra(LensBiasError):
     """An optional dependency is not installed (matplotlib for figures); the message names the install line.
     Callers that can do without it (a page without figures) catch this, and only this."""
+
+
+class NonFinite(LensBiasError):
+    """A forward pass produced a NaN or an inf from finite inputs (float16 overflowing, broken weights); the message
+    names the first hook where it appeared. Callers that measure whether a dtype overflows catch this, and only this."""

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from lens_bias.core import memory
-from lens_bias.core.errors import LensBiasError
+from lens_bias.core.errors import LensBiasError, NonFinite
 from lens_bias.core.probes import HookFn, Probe, on_device
 
 __all__ = ["Kept", "FiniteCheck", "Reading", "StopForward", "own"]
@@ -60,7 +60,7 @@ class FiniteCheck:
                     f"{dtype} overflowed: run the model in bfloat16 or float32" if dtype == "float16"
                     else "the weights or an intervention produced it: check the checkpoint (torch.isfinite on its parameters) and the edits"
                 )
-                raise LensBiasError(f"NaN/inf first appeared at hook {hooks[first]} (sequences {start}-{stop - 1}) with finite inputs; {cause}")
+                raise NonFinite(f"NaN/inf first appeared at hook {hooks[first]} (sequences {start}-{stop - 1}) with finite inputs; {cause}")
             first -= len(hooks)
 
 

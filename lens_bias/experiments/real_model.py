@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 from lens_bias.analyses.base import measure
 from lens_bias.analyses.sinks import DEFAULT_EPS, Sinks, SinksResult
 from lens_bias.core import tl
-from lens_bias.core.errors import LensBiasError
+from lens_bias.core.errors import LensBiasError, NonFinite
 from lens_bias.core.inputs import check_context, check_later_position, random_tokens, repeated_tokens, text_tokens, with_bos
 from lens_bias.core.provenance import numbers_of, results_record, table_of, write_results
 from lens_bias.core.serialise import Serialisable
@@ -176,15 +176,20 @@ def precision_table(
 
     Returns one row per (dtype, number): the float32 value, the low-precision value, their absolute and
     relative difference, the stated tolerance (``_COMPARED``), whether the difference is within it, and whether
-    every number of that dtype's report (headlines and tables of all sections) is finite.
+    every number of that dtype's report (headlines and tables of all sections) is finite. A dtype whose forward
+    pass overflows (Gemma 3 in float16) is a measurement too: its values are NaN and ``all_finite`` is False.
     """
     tokens = text_tokens(_tokenizer(model), n, seq_len, seed=seed)
     reference = _flatten(analyze(model, inputs=tokens, progress=False))
     rows = []
     for dtype in dtypes:
         cast = tl.move(copy.deepcopy(model), dtype)
-        report = analyze(cast, inputs=tokens, progress=False)
-        finite, values = _all_finite(report), _flatten(report)
+        try:
+            report = analyze(cast, inputs=tokens, progress=False)
+            finite, values = _all_finite(report), _flatten(report)
+        except NonFinite as overflow:
+            logger.info("%s: %s", dtype, overflow)
+            finite, values = False, {}
         del cast
         for name, (kind, tolerance) in _COMPARED.items():
             if name not in reference:

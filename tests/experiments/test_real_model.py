@@ -244,6 +244,25 @@ def test_bf16_and_fp16_are_finite_and_close_to_float32(smollm2):
     assert next(smollm2.parameters()).dtype == torch.float32
 
 
+def test_an_overflowing_dtype_is_measured_not_refused(smollm2):
+    """SmolLM2's dim 507 reaches 2.4e4 at position 0, within float16's 65504; with its super weight ×8 float16
+    overflows. The precision table records float16 as not finite, its values NaN, instead of stopping the experiment
+    (Gemma 3 overflows so in float16 as it is); bfloat16, whose range is float32's, stays finite."""
+    from lens_bias.models.parameters import copy_model, parameters
+
+    louder = copy_model(smollm2)
+    weights = parameters(louder)
+    with torch.no_grad():  # [out, in] in a bridge's Linear, [in, out] in TL 3's W_out
+        if "blocks.11.mlp.out.weight" in weights:
+            weights["blocks.11.mlp.out.weight"][507, 1229] *= 8
+        else:
+            weights["blocks.11.mlp.W_out"][1229, 507] *= 8
+    table = real_model.precision_table(louder, n=3, seq_len=16)
+    fp16, bf16 = table[table.dtype == "float16"], table[table.dtype == "bfloat16"]
+    assert len(fp16) and not fp16.all_finite.any() and fp16.value.isna().all()
+    assert bf16.all_finite.all() and bf16.value.notna().all()
+
+
 # ---- the command line ---------------------------------------------------------------------------------------------
 
 
