@@ -75,7 +75,8 @@ def render_table(name: str, key: str, record: dict[str, Any], page: Path) -> str
     table = record["tables"][key]
     formats = table.get("formats", {})
     lines = ["| " + " | ".join(table["columns"]) + " |", "|" + "---|" * len(table["columns"])]
-    lines += ["| " + " | ".join(cell(v, formats.get(c)) for c, v in zip(table["columns"], row)) + " |" for row in table["rows"]]
+    # a "|" inside a cell (an edit's "max |w|") would end the cell: escaped as the tables write it by hand
+    lines += ["| " + " | ".join(cell(v, formats.get(c)).replace("|", "\\|") for c, v in zip(table["columns"], row)) + " |" for row in table["rows"]]
     return "\n".join(lines) + "\n\n*From " + provenance_line(name, record, page) + "*\n"
 
 

@@ -36,7 +36,8 @@ def versions() -> dict[str, str]:
 def machine() -> str:
     """The machine in words: the architecture, torch's threads and the GPU where one is present."""
     gpu = f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ", no GPU"
-    return f"{platform.machine()}, {torch.get_num_threads()} torch threads{gpu}"
+    threads = torch.get_num_threads()
+    return f"{platform.machine()}, {threads} torch thread{'' if threads == 1 else 's'}{gpu}"
 
 
 def provenance(command: str | None = None) -> dict[str, Any]:
