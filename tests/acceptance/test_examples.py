@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+import lens_bias
 from lens_bias.core import tl
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -35,6 +36,23 @@ def test_ablations_smoke(capsys, tmp_path):
     assert record["numbers"]["conditions.base.inter"] == pytest.approx(table.loc["base", "inter"])
     # odd activations remove the shared direction that a ReLU MLP writes (the page's claim, at this small size too)
     assert abs(table.loc["odd_mlp", "inter"]) < table.loc["base", "inter"]
+
+
+def test_real_model_anatomy_smoke(smollm2, monkeypatch, capsys, tmp_path):
+    """The anatomy example on SmolLM2 (the session's copy, at a small size): its results file holds the tables it
+    returns, and they show SmolLM2's known anatomy: dim 507 massive from layer 11, the super weight [507, 1229] there,
+    and its removal costing far more perplexity than either control."""
+    monkeypatch.setattr(lens_bias.models, "pretrained", lambda name: smollm2)
+    results = tmp_path / "anatomy.json"
+    argv = ["--n", "8", "--held-out", "4", "--seq-len", "32", "--results", str(results)]
+    tables = runpy.run_path(str(EXAMPLES / "real_model_anatomy.py"))["main"](argv)
+    assert "super_weight" in capsys.readouterr().out
+    numbers = json.loads(results.read_text())["numbers"]
+    assert numbers["onset_layer"] == 11 and 507 in numbers["massive_dims"]
+    assert (numbers["candidates.0.layer"], numbers["candidates.0.row"], numbers["candidates.0.col"]) == (11, 507, 1229)
+    removal = tables["removal"].set_index("condition").ratio
+    assert numbers["removal.super_weight.ratio"] == pytest.approx(removal["super_weight"])
+    assert removal["super_weight"] > 5 * max(removal["largest_other"], removal["random"])
 
 
 def test_orders_of_magnitude_smoke(monkeypatch, capsys):

@@ -366,24 +366,6 @@ def test_a_renamed_vocabulary_is_found_by_compare(smollm2, smollm2_hf):
     assert not result.renamed_vocabulary and result.same_lineage and result.tau_bar > 0.99
 
 
-def test_disguised_descendants_are_found_by_compares_default(smollm2):
-    """SmolLM2 rotated (norm gains folded, as QuaRot ships it) with its vocabulary renamed (the same function on text
-    under a tokenizer renamed alike): each mode alone calls it unrelated, compare's default reads the token map and
-    the basis map from the weights and calls it related; the same disguise of a random init of SmolLM2's shape stays
-    unrelated. (The permuted basis, 4-bit weights and a fine-tune combine with it on tiny inits, test_auto_align.py.)"""
-    from lens_bias import seedprint as sp
-    from lens_bias.models.reparametrise import rename_vocabulary, rotate_residual
-    from lens_bias.models.transforms import random_inits
-
-    sizes = dict(n=256, seq_len=16, progress=False)
-    found = sp.compare(smollm2, rename_vocabulary(rotate_residual(smollm2, seed=1), seed=2), **sizes)
-    assert found.same_lineage and found.log10_p < -10 and found.tau_bar > 0.99, str(found)
-    assert (found.token_source, found.basis_map, found.renamed_vocabulary) == ("weights", "orthogonal", True), str(found)
-    control = rename_vocabulary(rotate_residual(next(random_inits(smollm2, [1_000_000])), seed=1), seed=2)
-    unrelated = sp.compare(smollm2, control, **sizes)
-    assert not unrelated.same_lineage and unrelated.basis_map == "none", str(unrelated)
-
-
 def test_the_massive_activation_is_written_by_layer_11s_mlp(smollm2):
     """massive_writes on SmolLM2: dim 507 at position 0, written by layer 11's MLP (the super weight's layer) and
     erased by the last layers' MLPs; the writes add up to the residual."""

@@ -4,14 +4,11 @@ added} × weights {as they are, 4-bit, a short fine-tune} is related under compa
 of a random init of SmolLM2's shape is not.
 
 The 27 combinations take about 8 minutes of one core, and CI runs the TL 4 and TL 3 suites side by side, one core
-each; so each suite runs its share, by basis: TL 4 the kept basis, TL 3 (whose suite is the shorter) the permuted and
-rotated ones. What differs between the two TL versions (the edits on a bridge and on a HookedTransformer, the
-fingerprints) is tested on both with every combination on tiny inits (test_auto_align.py) and with SmolLM2 rotated
-and renamed (test_real_model.py); what SmolLM2 adds, its 49,152 real embedding rows, is the same on both.
-
-The edits are made on the Hugging Face model where a TL model cannot make them: the 16 tokens are added by
-``resize_token_embeddings`` (new rows drawn from the table's own mean and covariance, so they look like real tokens)
-and the fine-tune is a few optimizer steps of the Hugging Face model on held-out prose."""
+each; so each suite runs its share: TL 4 the kept basis and the rotated, renamed model as it is (the disguise the
+issue opened with), TL 3 the permuted and rotated bases. What differs between the two TL versions (the edits on a
+bridge and on a HookedTransformer, the fingerprints) is tested on both with every combination on tiny inits
+(test_auto_align.py); what SmolLM2 adds, its 49,152 real embedding rows, is the same on both.
+"""
 
 from __future__ import annotations
 
@@ -37,13 +34,15 @@ pytestmark = pytest.mark.slow
 # near 0. The maps, not the fingerprints, are under test, and they read all 49k rows whatever n is.
 SIZES = dict(n=64, seq_len=4, progress=False)
 BASES = {"kept": lambda m: m, "permuted": lambda m: permute_residual(m, seed=2), "rotated": lambda m: rotate_residual(m, seed=2)}
-HERE = ("kept",) if BACKEND == "bridge" else ("permuted", "rotated")  # this TL version's share (above)
 VOCABS = ("kept", "renamed", "renamed + 16")
 WEIGHTS = ("as they are", "4-bit", "fine-tuned")
+COMBINATIONS = list(itertools.product(BASES, VOCABS, WEIGHTS))
+HERE = ([c for c in COMBINATIONS if c[0] == "kept" or c == ("rotated", "renamed", "as they are")] if BACKEND == "bridge"
+        else [c for c in COMBINATIONS if c[0] != "kept"])  # this TL version's share (above)
 
 
 def _fine_tuned(hf: Any, tokenizer: Any) -> Any:
-    """A copy of ``hf`` after 8 AdamW steps (lr 1e-4) on held-out prose: weights moved by about 1e-3 relative."""
+    """A copy of ``hf`` after 8 AdamW steps (lr 1e-4, batches of 4 × 32 tokens) on held-out prose."""
     tuned = copy.deepcopy(hf).train()
     tokens = text_tokens(tokenizer, 32, 32, seed=11)
     optimizer = torch.optim.AdamW(tuned.parameters(), lr=1e-4)
@@ -91,15 +90,24 @@ def moved(starts: dict[tuple[str, bool], Any]) -> Any:
 
 
 @pytest.fixture(scope="module")
-def controls(starts: dict[tuple[str, bool], Any]) -> dict[tuple[str, str], Any]:
-    """compare's result for a random init of SmolLM2's shape under each disguise, computed once per disguise."""
-    inits = {added: next(random_inits(starts[("base", added)], [1_000_000])) for added in (False, True)}
-    return {(basis, vocab): sp.compare(starts[("base", False)], _disguised(inits[vocab == "renamed + 16"], basis, vocab), **SIZES)
-            for basis, vocab in itertools.product(HERE, VOCABS)}
+def control(starts: dict[tuple[str, bool], Any]) -> Any:
+    """compare's result for a random init of SmolLM2's shape under a disguise, computed once per disguise."""
+    inits: dict[bool, Any] = {}
+    done: dict[tuple[str, str], Any] = {}
+
+    def get(basis: str, vocab: str) -> Any:
+        added = vocab == "renamed + 16"
+        if added not in inits:
+            inits[added] = next(random_inits(starts[("base", added)], [1_000_000]))
+        if (basis, vocab) not in done:
+            done[(basis, vocab)] = sp.compare(starts[("base", False)], _disguised(inits[added], basis, vocab), **SIZES)
+        return done[(basis, vocab)]
+
+    return get
 
 
-@pytest.mark.parametrize("basis, vocab, weights", list(itertools.product(HERE, VOCABS, WEIGHTS)))
-def test_every_combination_of_edits_is_found_and_the_control_is_not(smollm2, moved, controls, basis, vocab, weights):
+@pytest.mark.parametrize("basis, vocab, weights", HERE)
+def test_every_combination_of_edits_is_found_and_the_control_is_not(smollm2, moved, control, basis, vocab, weights):
     suspect = moved(basis, ("tuned" if weights == "fine-tuned" else "base", vocab == "renamed + 16"))
     suspect = suspect if vocab == "kept" else rename_vocabulary(suspect, seed=3)
     if weights == "4-bit":  # after the disguise, as rotation-based quantisation ships it
@@ -109,5 +117,7 @@ def test_every_combination_of_edits_is_found_and_the_control_is_not(smollm2, mov
     expected = {"kept": "identity", "permuted": "permutation", "rotated": "orthogonal"}[basis]
     assert result.basis_map == expected or (weights != "as they are" and result.basis_map in ("orthogonal", "linear")), str(result)
     assert result.renamed_vocabulary == (vocab != "kept"), str(result)
-    control = controls[(basis, vocab)]
-    assert not control.same_lineage and control.basis_map == "none", str(control)
+    if weights == "as they are":  # the same function in another basis and vocabulary: the maps undo the edits exactly
+        assert result.tau_bar > 0.99 and result.token_source == ("same" if vocab == "kept" else "weights"), str(result)
+    unrelated = control(basis, vocab)
+    assert not unrelated.same_lineage and unrelated.basis_map == "none", str(unrelated)
