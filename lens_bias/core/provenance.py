@@ -8,6 +8,7 @@ import math
 import platform
 import re
 import sys
+import time
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any, Mapping, Sequence, Union
 import pandas as pd
 import torch
 
-__all__ = ["provenance", "versions", "machine", "source_hash", "results_record", "table_of", "numbers_of", "write_results"]
+__all__ = ["provenance", "versions", "machine", "source_hash", "run_hash", "results_record", "table_of", "numbers_of", "write_results"]
 
 # the packages whose versions a number depends on
 PACKAGES = ("lens_bias", "torch", "transformer-lens", "transformers")
@@ -50,21 +51,38 @@ def provenance(command: str | None = None) -> dict[str, Any]:
 REPOSITORY = Path(__file__).resolve().parents[2]  # the checkout an editable install runs from
 
 
+# when this process read lens_bias's sources (the CLI and the examples import this module first): a source edited
+# after it did not run, whatever its hash says when the results are written
+_IMPORTED = time.time()
+EDITED_DURING_RUN = "edited during the run"
+
+
+def _files(path: str, root: Path) -> list[Path]:
+    target = root / path
+    return [target] if target.is_file() else sorted(target.rglob("*.py"))
+
+
 def source_hash(path: str, root: Path = REPOSITORY) -> str:
     """sha256 of a source file, or of a folder's ``.py`` files in name order (``path`` relative to ``root``); a
     results file keeps it for each source its numbers depend on, so a page can say when the code changed since."""
-    target = root / path
-    files = [target] if target.is_file() else sorted(target.rglob("*.py"))
     digest = hashlib.sha256()
-    for file in files:
+    for file in _files(path, root):
         digest.update(str(file.relative_to(root)).encode() + b"\0" + file.read_bytes())
     return digest.hexdigest()
+
+
+def run_hash(path: str, root: Path = REPOSITORY) -> str:
+    """:func:`source_hash` of the source as this process ran it: :data:`EDITED_DURING_RUN` (which no later hash
+    equals, so the pages call the run older than the code) when a file of it changed after the process started."""
+    if any(file.stat().st_mtime > _IMPORTED for file in _files(path, root)):
+        return EDITED_DURING_RUN
+    return source_hash(path, root)
 
 
 def results_record(numbers: dict[str, Any], tables: dict[str, dict[str, Any]], depends: Sequence[str], command: str | None = None) -> dict[str, Any]:
     """A results file's content (``docs/render.py`` writes the pages from it): :func:`provenance`, the named
     ``numbers``, the ``tables`` ({"columns", "rows", "formats"}) and the hash of each source in ``depends``."""
-    return {**provenance(command), "numbers": numbers, "tables": tables, "depends": {path: source_hash(path) for path in depends}}
+    return {**provenance(command), "numbers": numbers, "tables": tables, "depends": {path: run_hash(path) for path in depends}}
 
 
 def _slug(text: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 from pathlib import Path
 
@@ -74,3 +75,19 @@ def test_a_rendered_table_is_rendered_again_when_its_run_changes(results):
     again = render.render(first, {}, page)
     assert "| x | 2.50 |" in again and "`lens-bias y`" in again and "1.50" not in again and "lens-bias x" not in again
     assert render.render("`<!-- r run.n -->9<!-- /r -->`", {}, page) == "`<!-- r run.n -->9<!-- /r -->`"  # an example stays
+
+
+def test_a_source_edited_during_the_run_is_not_recorded_as_the_one_that_ran(tmp_path, monkeypatch):
+    """A results file written after a source it depends on was edited mid-run (the process ran the old code) records
+    no hash of the new code, so the pages call the run older than the code; an untouched source records its hash."""
+    from lens_bias.core import provenance
+
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "a.py").write_text("x = 1\n")
+    (tmp_path / "b.py").write_text("y = 2\n")
+    monkeypatch.setattr(provenance, "_IMPORTED", (tmp_path / "b.py").stat().st_mtime + 1)  # the run starts after both were written
+    assert provenance.run_hash("pkg", tmp_path) == provenance.source_hash("pkg", tmp_path)
+    (tmp_path / "pkg" / "a.py").write_text("x = 3\n")
+    os.utime(tmp_path / "pkg" / "a.py", (provenance._IMPORTED + 5, provenance._IMPORTED + 5))  # edited during the run
+    assert provenance.run_hash("pkg", tmp_path) == provenance.EDITED_DURING_RUN != provenance.source_hash("pkg", tmp_path)
+    assert provenance.run_hash("b.py", tmp_path) == provenance.source_hash("b.py", tmp_path)
