@@ -55,6 +55,18 @@ def test_real_model_anatomy_smoke(smollm2, monkeypatch, capsys, tmp_path):
     assert removal["super_weight"] > 5 * max(removal["largest_other"], removal["random"])
 
 
+def test_calibration_smoke(capsys, tmp_path):
+    """The calibration example's results file holds calibrate's table, and the embeddings' analytic null, which the
+    shared residual path fools, calls more unrelated pairs related than the seeds null (the page's point)."""
+    results = tmp_path / "calibration.json"
+    argv = ["--pairs", "4", "--n", "64", "--seq-len", "8", "--d-vocab", "1000", "--results", str(results)]
+    table = runpy.run_path(str(EXAMPLES / "calibration.py"))["main"](argv).set_index(["inputs", "null"])
+    assert "embeddings" in capsys.readouterr().out
+    numbers = json.loads(results.read_text())["numbers"]
+    assert numbers["calibration.embeddings.analytic.fpr"] == table.loc[("embeddings", "analytic"), "fpr"]
+    assert table.loc[("embeddings", "analytic"), "fpr"] > table.loc[("embeddings", "seeds"), "fpr"]
+
+
 def test_orders_of_magnitude_smoke(monkeypatch, capsys):
     argv = ["orders_of_magnitude.py", "--d-model", "128", "--d-vocab", "1000", "--n", "16", "--seq-len", "8"]
     monkeypatch.setattr(sys, "argv", argv)
