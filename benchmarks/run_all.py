@@ -22,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from lens_bias.core.provenance import numbers_of, results_record, table_of, write_results
+from lens_bias.core.provenance import tables_record, write_results
 
 HERE = Path(__file__).resolve().parent
 TARGETS = {
@@ -76,11 +76,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"| {name} | {found.get(name, 'n/a')} | {target} |")
     if args.results:  # docs/performance.md renders its table from it (docs/render.py)
         table = pd.DataFrame({"figure": list(TARGETS), "ratio": [_number(found.get(name, "n/a")) for name in TARGETS], "target": list(TARGETS.values())})
-        flags = ["--gpu"] if args.gpu else ["--tiny"] if args.tiny else ["--real"] if args.real else []
-        write_results(args.results, results_record(
-            {"preset": preset, **numbers_of(table, ["figure"], "figures")}, {"figures": table_of(table, {"ratio": ".2f"})},
-            ("benchmarks", "analyses", "lens_bias/seedprint", "lens_bias/core"),
-            command=" ".join(["python benchmarks/run_all.py", *flags, "--results", args.results])))
+        flag = "" if preset == "cpu" else f" --{preset}"
+        write_results(args.results, tables_record({"figures": table}, {"figures": ["figure"]}, {"ratio": ".2f"},
+                                                  ("benchmarks", "analyses", "lens_bias/seedprint", "lens_bias/core"),
+                                                  f"python benchmarks/run_all.py{flag} --results {args.results}", numbers={"preset": preset}))
 
 
 def _number(ratio: str) -> float | None:

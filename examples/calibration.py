@@ -17,7 +17,7 @@ import pandas as pd
 
 import lens_bias
 from lens_bias import seedprint
-from lens_bias.core.provenance import numbers_of, results_record, table_of, write_results
+from lens_bias.core.provenance import tables_record, write_results
 
 
 def main(argv: list[str] | None = None) -> pd.DataFrame:
@@ -39,9 +39,8 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     print(table.to_string())
     if args.results:  # the docs render their numbers from it (docs/render.py)
         formats = {"fpr": ".1%", "median_tau_bar": ".4f", "median_log10_p": ".2f"}
-        write_results(args.results, results_record(
-            numbers_of(table, ["inputs", "null"], "calibration"), {"calibration": table_of(table, {c: f for c, f in formats.items() if c in table})},
-            ("examples/calibration.py", "lens_bias/seedprint"), command=f"python examples/calibration.py --results {args.results}"))
+        write_results(args.results, tables_record({"calibration": table}, {"calibration": ["inputs", "null"]}, formats,
+                                                  ("examples/calibration.py", "lens_bias/seedprint"), f"python examples/calibration.py --results {args.results}"))
     return table
 
 

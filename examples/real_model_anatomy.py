@@ -19,7 +19,7 @@ import lens_bias
 from lens_bias.analyses.massive import massive_ablation, massive_activations
 from lens_bias.analyses.super_weights import super_weight_table, super_weights
 from lens_bias.core.inputs import text_tokens
-from lens_bias.core.provenance import numbers_of, results_record, table_of, write_results
+from lens_bias.core.provenance import tables_record, write_results
 
 
 def main(argv: list[str] | None = None) -> dict[str, pd.DataFrame]:
@@ -49,13 +49,10 @@ def main(argv: list[str] | None = None) -> dict[str, pd.DataFrame]:
         print(f"{name}\n{frame.to_string()}\n")
     if args.results:  # the docs render their numbers from it (docs/render.py)
         keys = {"massive": ["layer"], "candidates": ["rank"], "removal": ["condition"], "ablation": ["condition"]}
-        numbers = {"onset_layer": onset, "massive_dims": list(dims)}
-        for name, frame in tables.items():
-            numbers.update(numbers_of(frame, keys[name], name))
         formats = {"value": ",.0f", "median": ".3g", "perplexity": ".1f", "ratio": ".2f"}
-        write_results(args.results, results_record(
-            numbers, {name: table_of(frame, {c: f for c, f in formats.items() if c in frame}) for name, frame in tables.items()},
-            ("examples/real_model_anatomy.py", "analyses"), command=f"python examples/real_model_anatomy.py --results {args.results}"))
+        write_results(args.results, tables_record(tables, keys, formats, ("examples/real_model_anatomy.py", "analyses"),
+                                                  f"python examples/real_model_anatomy.py --results {args.results}",
+                                                  numbers={"onset_layer": onset, "massive_dims": list(dims)}))
     return tables
 
 

@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence, Union
 import pandas as pd
 import torch
 
-__all__ = ["provenance", "versions", "machine", "source_hash", "run_hash", "results_record", "table_of", "numbers_of", "write_results"]
+__all__ = ["provenance", "versions", "machine", "source_hash", "run_hash", "results_record", "tables_record", "table_of", "numbers_of", "write_results"]
 
 # the packages whose versions a number depends on
 PACKAGES = ("lens_bias", "torch", "transformer-lens", "transformers")
@@ -83,6 +83,18 @@ def results_record(numbers: dict[str, Any], tables: dict[str, dict[str, Any]], d
     """A results file's content (``docs/render.py`` writes the pages from it): :func:`provenance`, the named
     ``numbers``, the ``tables`` ({"columns", "rows", "formats"}) and the hash of each source in ``depends``."""
     return {**provenance(command), "numbers": numbers, "tables": tables, "depends": {path: run_hash(path) for path in depends}}
+
+
+def tables_record(tables: Mapping[str, pd.DataFrame], keys: Mapping[str, Sequence[str]], formats: Mapping[str, str], depends: Sequence[str],
+                  command: str, numbers: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """:func:`results_record` of named DataFrames: each one's cells as numbers ``NAME.KEY.COLUMN`` (:func:`numbers_of`,
+    keyed by its ``keys`` columns) and as a table, every column named in ``formats`` written with that spec; ``numbers``
+    adds named numbers of its own."""
+    found = dict(numbers or {})
+    for name, frame in tables.items():
+        found.update(numbers_of(frame, keys[name], name))
+    rendered = {name: table_of(frame, {c: f for c, f in formats.items() if c in frame}) for name, frame in tables.items()}
+    return results_record(found, rendered, depends, command)
 
 
 def _slug(text: str) -> str:

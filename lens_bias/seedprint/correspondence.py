@@ -233,10 +233,16 @@ def _principal(table: Tensor, k: int) -> Tensor:
     """Each row's norm and the sizes of its coordinates on the table's ``k`` first principal axes (rows centred; the
     largest first): a description that a rotation or a permutation of the basis leaves unchanged (each axis turns
     with the basis, and only its sign is arbitrary), and a renaming only reorders."""
-    centred = table.double() - table.double().mean(dim=0)
-    _, axes = torch.linalg.eigh(centred.T @ centred)  # ascending
-    coordinates = (centred @ axes[:, -k:].flip(1)).abs().float()
+    centred, axes = _top_axes(table, k)
+    coordinates = (centred @ axes).abs().float()
     return torch.cat([table.norm(dim=1, keepdim=True), coordinates], dim=1)
+
+
+def _top_axes(rows: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """``rows`` centred (float64) and their ``k`` first principal axes ``[d, k]``, the largest first."""
+    centred = rows.double() - rows.double().mean(dim=0)
+    _, axes = torch.linalg.eigh(centred.T @ centred)  # ascending
+    return centred, axes[:, -k:].flip(1)
 
 
 def _descriptions(a: Embedding, b: Embedding, rows: Tensor) -> Iterator[tuple[str, Tensor, Tensor]]:
@@ -329,9 +335,7 @@ def _nearest_everywhere(unit_a: Tensor, mapped: Tensor) -> Tensor:
     if mapped.shape[0] <= _CELLS * _PROBES:
         return nearest_rows(unit_a, mapped)[1]
     generator = torch.Generator().manual_seed(0)
-    sample = unit_a[torch.randperm(unit_a.shape[0], generator=generator)[:_AXES_ROWS]].double()
-    centred = sample - sample.mean(dim=0)
-    axes = torch.linalg.eigh(centred.T @ centred)[1][:, -_LOOKUP_AXES:].float()  # the axes, not their order, matter
+    axes = _top_axes(unit_a[torch.randperm(unit_a.shape[0], generator=generator)[:_AXES_ROWS]], _LOOKUP_AXES)[1].float()
     low_a, low_b = unit_a @ axes, mapped @ axes
     centres = low_b[torch.randperm(low_b.shape[0], generator=generator)[:_CELLS]]
     for _ in range(_KMEANS_ROUNDS):
