@@ -72,7 +72,7 @@ def source_hash(path: str, root: Path = REPOSITORY) -> str:
 
 
 def run_hash(path: str, root: Path = REPOSITORY) -> str:
-    """:func:`source_hash` of the source as this process ran it: :data:`EDITED_DURING_RUN` (which no later hash
+    """:func:`source_hash` of the source as this process ran it: ``"edited during the run"`` (which no later hash
     equals, so the pages call the run older than the code) when a file of it changed after the process started."""
     if any(file.stat().st_mtime > _IMPORTED for file in _files(path, root)):
         return EDITED_DURING_RUN
