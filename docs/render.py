@@ -6,7 +6,7 @@ Each results file (``docs/results/NAME.json``) is what one run measured, with wh
 markers where those numbers go; the text between a marker and its end is this script's:
 
 - ``<!-- r NAME.KEY FORMAT -->73.8<!-- /r -->``: one number (FORMAT a Python format spec, e.g. ``.1f``, optional; ``~.3g``
-  writes exponents short, 2.36e4);
+  writes exponents short, 2.36e4; a list writes each element so, comma-separated);
 - ``<!-- r-table NAME.TABLE -->`` ... ``<!-- /r-table -->``: a table, then the line that says which run it is from;
 - ``<!-- r-sources -->`` ... ``<!-- /r-sources -->``: the results files the page's numbers come from, with their dates
   (the command, the versions and the machine are in each file).
@@ -62,6 +62,8 @@ def provenance_line(name: str, record: dict[str, Any], page: Path) -> str:
 
 def cell(value: Any, spec: str | None = None) -> str:
     """``value`` as a page shows it: by ``spec`` (a format spec; ``~`` before one writes exponents short, 2.36e4)."""
+    if isinstance(value, list):  # a list of numbers (a model's massive dims): each by the spec
+        return ", ".join(cell(v, spec) for v in value)
     if spec and spec.startswith("~"):
         return re.sub(r"e\+?(-?)0*(\d)", r"e\1\2", format(value, spec[1:]))
     if spec:

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import lens_bias
 from lens_bias.core import tl
@@ -53,6 +54,25 @@ def test_real_model_anatomy_smoke(smollm2, monkeypatch, capsys, tmp_path):
     removal = tables["removal"].set_index("condition").ratio
     assert numbers["removal.super_weight.ratio"] == pytest.approx(removal["super_weight"])
     assert removal["super_weight"] > 5 * max(removal["largest_other"], removal["random"])
+
+
+def test_family_anatomy_smoke(smollm2, monkeypatch, capsys, tmp_path):
+    """The three-family anatomy example on SmolLM2 (small): its super weight and massive dim are the known ones, and
+    the writes it records for dim 507 add up to the model's own residual after the last block."""
+    monkeypatch.setattr(lens_bias.models, "pretrained", lambda name: smollm2)
+    results = tmp_path / "anatomy.json"
+    tables = runpy.run_path(str(EXAMPLES / "family_anatomy.py"))["main"](["--n", "4", "--seq-len", "32", "--results", str(results)])
+    assert "writes_507" in capsys.readouterr().out
+    numbers = json.loads(results.read_text())["numbers"]
+    assert 507 in numbers["massive_dims"] and numbers["onset_layer"] == 11
+    assert (numbers["super_weight.0.layer"], numbers["super_weight.0.row"], numbers["super_weight.0.col"]) == (11, 507, 1229)
+    tokens = lens_bias.text_tokens(smollm2.tokenizer, 4, 32)
+    with torch.no_grad():
+        _, cache = smollm2.run_with_cache(tokens, names_filter=lambda name: name.endswith("hook_resid_post"))
+    last = cache[f"blocks.{smollm2.cfg.n_layers - 1}.hook_resid_post"][:, 0, 507].mean().item()
+    assert tables["writes_507"].resid_after.iloc[-1] == pytest.approx(last, rel=1e-4)
+    assert numbers["peak_507"] == pytest.approx(tables["writes_507"].resid_after.abs().max())
+    assert numbers["peak_from_507"] <= numbers["peak_at_507"] <= numbers["peak_to_507"]
 
 
 def test_calibration_smoke(capsys, tmp_path):

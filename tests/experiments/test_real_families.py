@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import copy
 import re
+import runpy
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +25,7 @@ pytestmark = pytest.mark.real_model
 
 # name -> opt-in (not installed by CI: 7.6 GB of memory in float32)
 FAMILIES = {"gemma-3-270m": False, "qwen2.5-coder-0.5b-instruct": False, "qwen2.5-coder-1.5b-instruct": True}
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 ANATOMY_SECTIONS = ["sinks", "super_neurons", "massive_activations", "super_weights"]
 
 
@@ -100,6 +103,22 @@ def test_anatomy_equals_the_hidden_states_of_plain_transformers(family):
     assert writes.post_norm == (name == "gemma-3-270m")  # Gemma adds each sub-layer's output through a norm
     assert set(anatomy.to_dict()) >= {"sink_rate", "sink_layers", "massive_dims", "onset_layer", "super_neuron", "disparity", "largest_spike"}
     assert 0 <= anatomy.sink_rate <= 100 and anatomy.disparity > 0 and anatomy.super_neuron
+
+
+def test_the_family_anatomy_example_reads_post_norm_gains_from_the_weights(family):
+    """The gains the three-family page quotes for Gemma's post-feedforward norm are Hugging Face's own (Gemma's
+    RMSNorm scales by 1 + weight), at every dim; a family that adds its MLP outputs as they are has none."""
+    name, model, hf, tokenizer = family
+    gains = runpy.run_path(str(EXAMPLES / "family_anatomy.py"))["post_mlp_gains"]
+    if name != "gemma-3-270m":
+        assert gains(model, 0) is None
+        return
+    for dim in (163, 400):
+        expected = [1 + layer.post_feedforward_layernorm.weight[dim].item() for layer in hf.model.layers]
+        table = gains(model, dim)
+        assert table.gain.tolist() == pytest.approx(expected, rel=1e-5)
+        median = [(1 + layer.post_feedforward_layernorm.weight).abs().median().item() for layer in hf.model.layers]
+        assert table.median_abs_gain.tolist() == pytest.approx(median, rel=1e-5)
 
 
 @requires_chromium
