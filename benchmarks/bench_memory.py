@@ -8,6 +8,7 @@ are not counted); on CUDA ``torch.cuda.max_memory_allocated`` minus the allocati
 ``batch × lens_bias.core.memory.forward_bytes(...)``, what the guard plans with. Target: within 25%.
 
     python benchmarks/bench_memory.py [--device cpu] [--tiny]
+    python benchmarks/bench_memory.py --results docs/results/memory_guard_tl4.json   # what docs/performance.md renders
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import torch
 
 # (arch, d_model, n_layers, n_heads, d_vocab, seq_len, batch): patterns dominate, MLP and residual matter, a mix.
@@ -65,28 +67,38 @@ def child(arch: str, d: int, layers: int, heads: int, vocab: int, seq: int, batc
     return {"size": f"{arch} d{d} L{layers} H{heads} V{vocab}, {batch} x {seq}", "estimate": estimate, "measured": measured}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> pd.DataFrame:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--tiny", action="store_true", help="small sizes (seconds; the ratios are noisier)")
     parser.add_argument("--child", nargs=7, default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    parser.add_argument("--results", default=None, metavar="PATH", help="also write the table as a results file (one per TransformerLens version)")
+    args = parser.parse_args(argv)
     if args.child:
         arch, *numbers = args.child
         print(json.dumps(child(arch, *map(int, numbers), device=args.device)))
-        return
+        return pd.DataFrame()
     from lens_bias.core.memory import format_bytes
 
     print(f"{'size':<44} {'estimate':>10} {'measured':>10} {'ratio':>6}")
-    worst = 0.0
+    rows = []
     for size in TINY if args.tiny else SIZES:
         cmd = [sys.executable, __file__, "--device", args.device, "--child", *map(str, size)]
         done = subprocess.run(cmd, capture_output=True, text=True, check=True)
         row = json.loads(done.stdout.strip().splitlines()[-1])
-        ratio = row["estimate"] / max(1, row["measured"])
-        worst = max(worst, abs(ratio - 1))
-        print(f"{row['size']:<44} {format_bytes(row['estimate']):>10} {format_bytes(row['measured']):>10} {ratio:>6.2f}")
-    print(f"largest deviation: {worst:.0%} (target <= 25%); threads {torch.get_num_threads()}, torch {torch.__version__}")
+        rows.append({**row, "ratio": row["estimate"] / max(1, row["measured"])})
+        print(f"{row['size']:<44} {format_bytes(row['estimate']):>10} {format_bytes(row['measured']):>10} {rows[-1]['ratio']:>6.2f}")
+    table = pd.DataFrame(rows)
+    print(f"largest deviation: {(table.ratio - 1).abs().max():.0%} (target <= 25%); threads {torch.get_num_threads()}, torch {torch.__version__}")
+    if args.results:  # docs/performance.md renders its memory-guard table from it (docs/render.py)
+        from lens_bias.core.provenance import tables_record, write_results
+
+        shown = table.assign(estimate=table.estimate / 2**20, measured=table.measured / 2**20).rename(columns={"estimate": "estimate_mib", "measured": "measured_mib"})
+        flags = "".join(f" {flag}" for flag, on in (("--tiny", args.tiny), (f"--device {args.device}", args.device != "cpu")) if on)
+        write_results(args.results, tables_record({"sizes": shown}, {"sizes": ["size"]}, {"estimate_mib": ".0f", "measured_mib": ".0f", "ratio": ".2f"},
+                                                  ("benchmarks/bench_memory.py", "lens_bias/core/memory.py", "analyses"),
+                                                  f"python benchmarks/bench_memory.py{flags} --results {args.results}"))
+    return table
 
 
 if __name__ == "__main__":

@@ -78,7 +78,8 @@ def main(argv: list[str] | None = None) -> None:
         table = pd.DataFrame({"figure": list(TARGETS), "ratio": [_number(found.get(name, "n/a")) for name in TARGETS], "target": list(TARGETS.values())})
         flag = "" if preset == "cpu" else f" --{preset}"
         write_results(args.results, tables_record({"figures": table}, {"figures": ["figure"]}, {"ratio": ".2f"},
-                                                  ("benchmarks", "analyses", "lens_bias/seedprint", "lens_bias/core"),
+                                                  ("benchmarks/run_all.py", "benchmarks/bench_analyze.py", "benchmarks/bench_seedprint.py", "benchmarks/_timing.py",
+                                                   "analyses", "lens_bias/seedprint", "lens_bias/core"),
                                                   f"python benchmarks/run_all.py{flag} --results {args.results}", numbers={"preset": preset}))
 
 

@@ -234,12 +234,14 @@ class RealModelResult:
     seconds: dict[str, float] = field(default_factory=dict)
 
     def record(self, command: str | None = None) -> dict[str, Any]:
-        """The sink and moving tables as a results file (``docs/render.py`` writes the pages from it): numbers
-        ``sinks.INPUTS.BOS.COLUMN`` and ``move.CONDITION.COLUMN``."""
+        """The three tables as a results file (``docs/render.py`` writes the pages from it): numbers
+        ``sinks.INPUTS.BOS.COLUMN``, ``move.CONDITION.COLUMN`` and ``precision.DTYPE.NUMBER.COLUMN``."""
         sinks = self.sinks.to_pandas().assign(bos=lambda f: ["bos" if b else "no_bos" for b in f.bos])
-        numbers = {"config": self.config.to_dict(), **numbers_of(sinks, ["inputs", "bos"], "sinks"), **numbers_of(self.move, ["condition"], "move")}
+        numbers = {"config": self.config.to_dict(), **numbers_of(sinks, ["inputs", "bos"], "sinks"), **numbers_of(self.move, ["condition"], "move"),
+                   **numbers_of(self.precision, ["dtype", "number"], "precision")}
         tables = {"sinks": table_of(self.sinks.to_pandas(), {"sink_0": ".1f", "sink_1": ".1f", "max_sink_later": ".1f", "share_0": ".3f", "norm_ratio_0_max": ".0f"}),
-                  "move": table_of(self.move)}
+                  "move": table_of(self.move),
+                  "precision": table_of(self.precision, {"float32": ".4g", "value": ".4g", "abs_diff": ".2g", "rel_diff": ".2g"})}
         return results_record(numbers, tables, DEPENDS, command)
 
     def markdown(self) -> str:

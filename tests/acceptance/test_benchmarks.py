@@ -36,6 +36,22 @@ def test_run_all_prints_one_row_per_figure(tmp_path):
     assert {name: numbers[f"figures.{re.sub(r'[^a-z0-9]+', '_', name.lower()).strip('_')}.ratio"] for name in ratios} == {n: float(r) for n, r in ratios.items()}
 
 
+def test_the_memory_guard_benchmark_writes_the_guards_own_estimate(tmp_path):
+    """bench_memory's results file (what performance.md renders): each size's estimate is the guard's own
+    batch × forward_bytes, and its ratio the estimate over the measured peak."""
+    import lens_bias
+    from lens_bias.core import memory
+
+    run("bench_memory.py", "--tiny", "--results", str(tmp_path / "memory.json"))
+    numbers = json.loads((tmp_path / "memory.json").read_text())["numbers"]
+    model = lens_bias.random_init("llama", d_model=128, n_layers=2, n_heads=4, d_vocab=500, n_ctx=128)  # the second tiny size
+    info = lens_bias.extend.ModelAdapter(model).info
+    estimate = 32 * memory.forward_bytes(seq_len=128, d_model=128, n_heads=4, d_mlp=info.d_mlp, d_vocab=500, gated_mlp=info.gated_mlp, family=info.family)
+    key = "sizes.llama_d128_l2_h4_v500_32_x_128"
+    assert numbers[f"{key}.estimate_mib"] * 2**20 == estimate
+    assert numbers[f"{key}.measured_mib"] > 0 and numbers[f"{key}.ratio"] == pytest.approx(numbers[f"{key}.estimate_mib"] / numbers[f"{key}.measured_mib"], rel=1e-2)
+
+
 @pytest.mark.slow
 @requires_tl4  # an offloaded model runs only under a bridge
 def test_the_gguf_at_size_benchmark_runs_at_a_tiny_size():

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import runpy
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -27,6 +29,8 @@ from lens_bias.training import fine_tune
 from lens_bias.training.data import TokenData
 
 from ..conftest import assert_same_state, requires_tl4, state_copy, tiny
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 ARCHS = ("llama", "gpt2")
 
@@ -434,3 +438,17 @@ def test_several_families_from_the_command_line(code_blocks, tmp_path, monkeypat
     assert targets["columns"] == ["target", "None (published)", '"auto"', '"permutation"', '"orthogonal"', '"linear"'] and len(targets["rows"]) == 25
     assert len(list((tmp_path / "base-0" / "fingerprints").glob("base-0--*.pt"))) == 26
     assert pd.read_csv(tmp_path / "base-2" / "fingerprints" / "labels.csv").base.eq("base-2").sum() == 16  # each family its own labels
+
+    # every pair of the two families' saved models at once (examples/families_lineage.py, what families-lineage.md
+    # renders): 52 models of one width; the related pairs are those within a family (16 models each)
+    table, matrices = runpy.run_path(str(EXAMPLES / "families_lineage.py"))["main"]([str(tmp_path), "--results", str(tmp_path / "lineage.json")])
+    assert (table.related == 2 * 16 * 15 // 2).all() and (table.related + table.unrelated == 52 * 51 // 2).all()
+    assert (table.related_found <= table.related).all() and list(table["key"]) == ["none_01", "none_05", "permutation_05", "orthogonal_05", "linear_05"]
+    # the all-pairs published test at the descendants' m is the descendants run's own test of each base pair
+    published = matrices["none_05"].to_pandas().set_index(["a", "b"]).log10_p
+    own = pairs[(pairs["align"] == "None") & (pairs.a == "base") & pairs.related.astype(bool)]
+    for row in own.itertuples():
+        key = (f"{row.family}--base.pt", f"{row.family}--{D._slug(row.b)}.pt")
+        log10_p = published.get(key, published.get(key[::-1]))
+        assert -log10_p == pytest.approx(row.score, rel=1e-6), key
+    assert json.loads((tmp_path / "lineage.json").read_text())["numbers"]["tests.none_05.related_found"] == table.set_index("key").related_found["none_05"]

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import copy
 import importlib.metadata
+import math
 import re
 import sys
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -261,6 +263,11 @@ def test_an_overflowing_dtype_is_measured_not_refused(smollm2):
     fp16, bf16 = table[table.dtype == "float16"], table[table.dtype == "bfloat16"]
     assert len(fp16) and not fp16.all_finite.any() and fp16.value.isna().all()
     assert bf16.all_finite.all() and bf16.value.notna().all()
+    # the results file the docs render keeps every row, the overflow's NaN and its verdict included
+    sinks = real_model.sink_table(louder, n=2, seq_len=16, kinds=["text"], bos=[False])
+    numbers = real_model.RealModelResult(real_model.RealModelConfig(), sinks, pd.DataFrame(), table).record()["numbers"]
+    assert numbers["precision.bfloat16.sinks_sink_rate_0.value"] == bf16.set_index("number").value["sinks.sink_rate_0"]
+    assert math.isnan(numbers["precision.float16.sinks_sink_rate_0.value"]) and not numbers["precision.float16.sinks_sink_rate_0.all_finite"]
 
 
 # ---- the command line ---------------------------------------------------------------------------------------------
