@@ -9,6 +9,7 @@ the model's float32 size, and the time per token. Nothing is kept: the folder is
 
     python benchmarks/bench_gguf_1b.py                       # max_memory 1 GB, 8 sequences of 16 tokens
     python benchmarks/bench_gguf_1b.py --layers 4            # a smaller model, to check the plumbing
+    python benchmarks/bench_gguf_1b.py --results docs/results/gguf_1b.json   # what docs/performance.md renders
 """
 
 from __future__ import annotations
@@ -107,6 +108,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-memory", default="1GB", help="CPU memory the loaded weights may use (below the float32 size)")
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=16)
+    parser.add_argument("--results", default=None, metavar="PATH", help="also write the figures as a results file")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--path", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--reader", default="streamed", help=argparse.SUPPRESS)
@@ -135,6 +137,21 @@ def main(argv: list[str] | None = None) -> None:
     print(f"load peak, one tensor at a time / whole: {streamed['load_peak_mib'] / baseline['load_peak_mib']:.2f}; "
           f"against the float32 size: {streamed['load_peak_mib'] / float32_mib:.2f}")
     print(f"fingerprint peak / float32 size: {streamed['run_peak_mib'] / float32_mib:.2f}")
+    if args.results:  # docs/performance.md renders its at-size figures from it (docs/render.py)
+        import pandas as pd
+        from _results import write_tables
+        from accelerate.utils import convert_file_size_to_int
+
+        limit_mib = convert_file_size_to_int(args.max_memory) / 2**20
+        peaks = pd.DataFrame([{"peak": name, "streamed_mib": streamed[key], "whole_mib": baseline[key], "streamed_over_limit": streamed[key] / limit_mib,
+                               "whole_over_limit": baseline[key] / limit_mib, "streamed_over_float32": streamed[key] / float32_mib,
+                               "whole_over_float32": baseline[key] / float32_mib, "streamed_over_whole": streamed[key] / baseline[key]}
+                              for name, key in (("load", "load_peak_mib"), ("fingerprint", "run_peak_mib"))])
+        write_tables(args.results, {"peaks": peaks}, {"peaks": ["peak"]}, {"streamed_mib": ".0f", "whole_mib": ".0f"},
+                     ("benchmarks/bench_gguf_1b.py", "lens_bias/models", "lens_bias/core", "lens_bias/seedprint"),
+                     numbers={"parameters": params, "float32_mib": float32_mib, "limit_mib": limit_mib, "max_memory": args.max_memory,
+                              "written_s": written, "on_disk": streamed["on_disk"], "entries": streamed["entries"],
+                              **{f"{reader}.{k}": v for reader, run in runs.items() for k, v in run.items() if k in ("load_s", "ms_per_token", "finite")}})
 
 
 if __name__ == "__main__":

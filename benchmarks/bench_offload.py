@@ -11,6 +11,7 @@ cache (mapped model files and the offload folder's files are pages the kernel ca
 
     python benchmarks/bench_offload.py                            # SmolLM2-135M, 150 MB of CPU memory for weights
     python benchmarks/bench_offload.py --max-memory 100MB --n 64
+    python benchmarks/bench_offload.py --results docs/results/offload.json   # what docs/performance.md renders
 """
 
 from __future__ import annotations
@@ -110,6 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--n", type=int, default=32, help="sequences fingerprinted")
     parser.add_argument("--seq-len", type=int, default=32)
     parser.add_argument("--offload-folder", default=None)
+    parser.add_argument("--results", default=None, metavar="PATH", help="also write the figures as a results file")
     parser.add_argument("--offload", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--dtype", default="float32", help=argparse.SUPPRESS)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -145,6 +147,20 @@ def main(argv: list[str] | None = None) -> None:
           f"(target < 1: no float32 copy of the whole model at the peak; {load16['load_peak_mib']:.0f} / {with_copy:.0f} MiB)")
     print(f"GGUF load peak offloaded (read one tensor at a time) / in memory, float32: "
           f"{load_offloaded['load_peak_mib'] / load32['load_peak_mib']:.2f} ({load_offloaded['load_peak_mib']:.0f} / {load32['load_peak_mib']:.0f} MiB)")
+    if args.results:  # docs/performance.md renders its offload figures from it (docs/render.py)
+        import pandas as pd
+        from _results import write_tables
+
+        measures = {"resident": "run_peak_all_mib", "anonymous": "run_peak_mib", "ms_per_token": "ms_per_token"}
+        fingerprint = pd.DataFrame([{"measure": name, "in_memory": memory[key], "offloaded": offloaded[key], "ratio": offloaded[key] / memory[key]}
+                                    for name, key in measures.items()])
+        loads = pd.DataFrame([{"load": name, "peak_mib": run["load_peak_mib"], "ratio": run["load_peak_mib"] / load32["load_peak_mib"]}
+                              for name, run in (("float32", load32), ("bfloat16", load16), ("offloaded", load_offloaded))])
+        write_tables(args.results, {"fingerprint": fingerprint, "gguf_load": loads}, {"fingerprint": ["measure"], "gguf_load": ["load"]},
+                     {"in_memory": ".2f", "offloaded": ".2f", "peak_mib": ".0f", "ratio": ".2f"},
+                     ("benchmarks/bench_offload.py", "lens_bias/models", "lens_bias/core", "lens_bias/seedprint"),
+                     numbers={"max_memory": args.max_memory, "float32_mib": load16["float32_mib"], "bfloat16_with_float32_copy_mib": with_copy,
+                              "bfloat16_over_with_copy": load16["load_peak_mib"] / with_copy})
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ Target: ``analyze`` peak at N large / N small ≤ 1.2 (its sections sum over seq
 readout's ``[N, d_model]`` rows grow with N). ``fingerprint`` keeps ``[N, d_model]`` by design.
 
     python benchmarks/bench_scale_n.py [--small 200] [--large 20000] [--batch-size 200]
+    python benchmarks/bench_scale_n.py --results docs/results/scale_n.json   # what docs/performance.md renders
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ def main() -> None:
     parser.add_argument("--n-heads", type=int, default=4)
     parser.add_argument("--d-vocab", type=int, default=4000)
     parser.add_argument("--seq-len", type=int, default=32)
+    parser.add_argument("--results", default=None, metavar="PATH", help="also write the table as a results file")
     parser.add_argument("--child", nargs=2, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -63,6 +65,7 @@ def main() -> None:
         print(json.dumps(child(what, int(n), args)))
         return
     forwarded = sys.argv[1:]
+    rows = []
     print(f"{args.arch} d {args.d_model}, {args.n_layers} layers, {args.n_heads} heads, V {args.d_vocab}, {args.seq_len} tokens, batch {args.batch_size}")
     print(f"{'pass':<12} {'N':>7} {'peak MiB':>9} {'growth MiB':>11} {'seconds':>8}")
     for what in ("analyze", "fingerprint"):
@@ -74,6 +77,14 @@ def main() -> None:
             print(f"{what:<12} {n:>7} {row['peak'] / 2**20:>9.0f} {row['growth'] / 2**20:>11.0f} {row['seconds']:>8.1f}")
         target = " (target <= 1.2)" if what == "analyze" else " (keeps [N, d_model] by design)"
         print(f"{what} peak N {args.large} / N {args.small}: {peaks[args.large] / peaks[args.small]:.2f}{target}")
+        rows.append({"pass": what, "small_mib": peaks[args.small] / 2**20, "large_mib": peaks[args.large] / 2**20, "ratio": peaks[args.large] / peaks[args.small]})
+    if args.results:  # docs/performance.md renders its table from it (docs/render.py)
+        import pandas as pd
+        from _results import write_tables
+
+        write_tables(args.results, {"passes": pd.DataFrame(rows)}, {"passes": ["pass"]}, {"small_mib": ".0f", "large_mib": ".0f", "ratio": ".2f"},
+                     ("benchmarks/bench_scale_n.py", "analyses", "lens_bias/seedprint", "lens_bias/core"),
+                     numbers={"small": args.small, "large": args.large, "batch_size": args.batch_size})
 
 
 if __name__ == "__main__":

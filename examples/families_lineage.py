@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> tuple[pd.DataFrame, dict[str, Lineage
     names = [f.name for f in files]
     prints = [Fingerprint.load(f) for f in files]
     randoms = [fp for name, fp in zip(names, prints) if labels[name] == name]  # a random init is its own base
-    rows, matrices = [], {}
+    rows, apart, matrices = [], [], {}
     for mode, ratio_k in TESTS:
         began = time.perf_counter()
         result = pairwise_lineage(prints, names=names, labels=labels, align=mode, ratio_k=ratio_k,
@@ -59,6 +59,7 @@ def main(argv: list[str] | None = None) -> tuple[pd.DataFrame, dict[str, Lineage
                      "related_found": int((pairs.related & same).sum()), "related": int(same.sum()),
                      "unrelated_called": int((pairs.related & ~same).sum()), "unrelated": int((~same).sum()),
                      "families": len(result.families), "seconds": time.perf_counter() - began})
+        apart += _apart(rows[-1]["mode"], rows[-1]["m"], result.families, labels, {n for n in names if labels[n] != n})
         if mode == FIGURE_MODE and args.figure:
             result.plot().savefig(args.figure, dpi=120)
         print(result.summary(), "\n")
@@ -69,9 +70,22 @@ def main(argv: list[str] | None = None) -> tuple[pd.DataFrame, dict[str, Lineage
         numbers = {"models": len(files), "bases": bases, "descendants": len(files) - bases - len(randoms), "random_inits": len(randoms),
                    "pairs": int(len(pairs)), "pairs_across_widths": len(files) * (len(files) - 1) // 2 - int(len(pairs))}  # pairs tested: of one width
         command = " ".join(["python examples/families_lineage.py", *(argv if argv is not None else sys.argv[1:])])
-        write_results(args.results, tables_record({"tests": table}, {"tests": ["key"]}, {"auc": ".4f", "tpr_at_1pct_fpr": ".3f", "seconds": ".0f"},
+        write_results(args.results, tables_record({"tests": table, "apart": pd.DataFrame(apart)}, {"tests": ["key"], "apart": ["test", "base"]},
+                                                  {"auc": ".4f", "tpr_at_1pct_fpr": ".3f", "seconds": ".0f"},
                                                   ("examples/families_lineage.py", "lens_bias/seedprint"), command, numbers=numbers))
     return table, matrices
+
+
+def _apart(mode: str, m: str, families: list[list[str]], labels: dict[str, str], descended: set[str]) -> list[dict]:
+    """For each base: how many of its descendants one test puts in the base's family, and which it leaves apart."""
+    rows = []
+    for base in sorted({labels[name] for name in descended}):
+        own = {name for name in descended if labels[name] == base and not name.endswith("--base.pt")}
+        family = next(set(f) for f in families if f"{base}--base.pt" in f)
+        left = sorted(name.removeprefix(f"{base}--").removesuffix(".pt") for name in own - family)
+        rows.append({"test": f"{mode}, m {m}", "base": base, "in_its_family": len(own & family), "descendants": len(own),
+                     "left_apart": ", ".join(left) or "none"})
+    return rows
 
 
 if __name__ == "__main__":

@@ -89,6 +89,7 @@ def _stop_long_bars(original, at_least=LONG):
     return init
 
 
+@pytest.mark.slow  # many seconds: out of the inner loop, in the full suite
 @given(size=st.sampled_from(SIZES), value=st.integers(0, 10**12))
 @settings(max_examples=60 if os.environ.get("CI") else 40, derandomize=True)  # each example is a whole command: a fixed, bounded set
 @example(size=SIZES[0], value=10**12)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import BACKEND, requires_tl4
+from ..conftest import BACKEND, _real_model_or_skip, requires_tl4
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
@@ -52,12 +52,52 @@ def test_the_memory_guard_benchmark_writes_the_guards_own_estimate(tmp_path):
     assert numbers[f"{key}.measured_mib"] > 0 and numbers[f"{key}.ratio"] == pytest.approx(numbers[f"{key}.estimate_mib"] / numbers[f"{key}.measured_mib"], rel=1e-2)
 
 
-@pytest.mark.slow
 @requires_tl4  # an offloaded model runs only under a bridge
-def test_the_gguf_at_size_benchmark_runs_at_a_tiny_size():
-    lines = run("bench_gguf_1b.py", "--d-model", "64", "--layers", "2", "--d-mlp", "128", "--vocab", "300", "--max-memory", "100KB",
-                "--n", "2", "--seq-len", "8")
+def test_the_gguf_at_size_benchmark_runs_at_a_tiny_size(tmp_path):
+    """bench_gguf_1b at a tiny size, and its results file (what performance.md renders): the parameter count of the
+    file it wrote, by the LLaMA shapes, and each ratio from the peaks it records."""
+    d, layers, ff, vocab, heads, kv_heads = 64, 2, 128, 300, 32, 4
+    lines = run("bench_gguf_1b.py", "--d-model", str(d), "--layers", str(layers), "--d-mlp", str(ff), "--vocab", str(vocab), "--max-memory", "100KB",
+                "--n", "2", "--seq-len", "8", "--results", str(tmp_path / "gguf.json"))
     assert "1 of 1 device-map entries on disk" in lines[0]  # 100 KB holds no module: everything is read back from disk
     assert sum("features finite: True" in line for line in lines) == 2
     ratio = re.search(r"one tensor at a time / whole: ([0-9.]+)", "\n".join(lines))
     assert ratio and float(ratio.group(1)) > 0
+    record = json.loads((tmp_path / "gguf.json").read_text())
+    assert record["command"].startswith("python benchmarks/bench_gguf_1b.py --d-model 64 ")
+    numbers, kv = record["numbers"], kv_heads * d // heads
+    assert numbers["parameters"] == 2 * vocab * d + d + layers * (2 * d + 2 * d * d + 2 * kv * d + 3 * ff * d)
+    assert numbers["limit_mib"] == 100_000 / 2**20
+    for peak in ("load", "fingerprint"):
+        row = {k.rsplit(".", 1)[1]: v for k, v in numbers.items() if k.startswith(f"peaks.{peak}.")}
+        assert row["streamed_mib"] > 0 and row["whole_mib"] > 0
+        assert row["streamed_over_whole"] == pytest.approx(row["streamed_mib"] / row["whole_mib"])
+        assert row["streamed_over_float32"] == pytest.approx(row["streamed_mib"] / numbers["float32_mib"])
+        assert numbers["float32_mib"] == numbers["parameters"] * 4 / 2**20
+
+
+def test_the_scale_benchmark_writes_each_pass_peak_ratio(tmp_path):
+    """bench_scale_n at a tiny size: one row per pass, its ratio the large N's peak over the small N's, as printed."""
+    lines = run("bench_scale_n.py", "--small", "8", "--large", "64", "--batch-size", "8", "--d-model", "32", "--n-layers", "1", "--d-vocab", "100",
+                "--seq-len", "8", "--results", str(tmp_path / "scale.json"))
+    numbers = json.loads((tmp_path / "scale.json").read_text())["numbers"]
+    for what in ("analyze", "fingerprint"):
+        printed = re.search(rf"{what} peak N 64 / N 8: ([0-9.]+)", "\n".join(lines))
+        assert printed and round(numbers[f"passes.{what}.ratio"], 2) == float(printed.group(1))
+        assert numbers[f"passes.{what}.ratio"] == pytest.approx(numbers[f"passes.{what}.large_mib"] / numbers[f"passes.{what}.small_mib"])
+    assert (numbers["small"], numbers["large"]) == (8, 64)
+
+
+@pytest.mark.real_model
+@requires_tl4  # an offloaded model runs only under a bridge
+def test_the_offload_benchmark_writes_its_ratios(tmp_path):
+    """bench_offload on SmolLM2 (two sequences): each ratio of its results file is the offloaded figure over the
+    in-memory one, and the offloaded fingerprint holds less resident memory than the model in memory."""
+    _real_model_or_skip("smollm2-135m-instruct")
+    run("bench_offload.py", "--n", "2", "--seq-len", "8", "--results", str(tmp_path / "offload.json"))
+    numbers = json.loads((tmp_path / "offload.json").read_text())["numbers"]
+    for measure in ("resident", "anonymous", "ms_per_token"):
+        assert numbers[f"fingerprint.{measure}.ratio"] == pytest.approx(numbers[f"fingerprint.{measure}.offloaded"] / numbers[f"fingerprint.{measure}.in_memory"])
+    assert numbers["fingerprint.resident.ratio"] < 1
+    assert numbers["gguf_load.float32.ratio"] == 1 and numbers["gguf_load.bfloat16.peak_mib"] < numbers["gguf_load.float32.peak_mib"]
+    assert numbers["float32_mib"] == pytest.approx(134.5e6 * 4 / 2**20, rel=0.01)  # SmolLM2-135M's parameters

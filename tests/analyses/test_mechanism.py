@@ -71,6 +71,7 @@ def test_uniform_attention_changes_little_at_small_width():
         assert abs(final.loc["uniform_attention", column] - final.loc["base", column]) < 0.02
 
 
+@pytest.mark.slow  # many seconds: out of the inner loop, in the full suite
 def test_activation_sweep_orders_by_activation_mean():
     conditions = ["act=relu", "act=gelu", "act=silu", "act=tanh", "act=identity"]
     inter = lens_bias.ablate(gpt(256, 4), conditions=conditions, n_sequences=N, seq_len=T, progress=False).final()["inter"]

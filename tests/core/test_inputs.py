@@ -39,7 +39,7 @@ def test_lazy_random_tokens_are_random_tokens_in_any_batching():
         lazy[::2]
 
 
-@pytest.mark.parametrize("count", [10**12, 10**9, 10**7])
+@pytest.mark.parametrize("count", [10**12, 10**9, pytest.param(10**7, marks=pytest.mark.slow)])  # 10**7 runs seconds of batches
 def test_a_count_that_cannot_fit_is_refused_after_one_batch(count, monkeypatch):
     model = shared_tiny("gpt2", d_model=32, n_layers=1, n_heads=4, d_vocab=100, n_ctx=16)
     monkeypatch.setattr(memory, "available_bytes", lambda device=None: 16 * 2**20)  # 8 MiB usable

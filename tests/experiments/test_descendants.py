@@ -226,6 +226,7 @@ def test_auc_is_the_mann_whitney_probability():
         auc([1.0, 2.0], [True, True])
 
 
+@pytest.mark.slow  # many seconds: out of the inner loop, in the full suite
 def test_experiment_on_a_tiny_model(code_blocks, tmp_path):
     model = tiny("llama", d_vocab=1024)  # the analytic null wants N ≤ V/4 token inputs (the tiny preset's N is 256)
     before = state_copy(model)
@@ -452,3 +453,12 @@ def test_several_families_from_the_command_line(code_blocks, tmp_path, monkeypat
         log10_p = published.get(key, published.get(key[::-1]))
         assert -log10_p == pytest.approx(row.score, rel=1e-6), key
     assert json.loads((tmp_path / "lineage.json").read_text())["numbers"]["tests.none_05.related_found"] == table.set_index("key").related_found["none_05"]
+    # which descendants each test leaves outside its base's family: read again from each test's own families
+    apart = json.loads((tmp_path / "lineage.json").read_text())["tables"]["apart"]
+    assert len(apart["rows"]) == 5 * 2
+    for row in (dict(zip(apart["columns"], r)) for r in apart["rows"]):
+        key = next(k for k, label in zip(table["key"], table["mode"] + ", m " + table["m"]) if label == row["test"])
+        family = next(f for f in matrices[key].families if f"{row['base']}--base.pt" in f)
+        outside = sorted(p.stem.removeprefix(f"{row['base']}--") for p in (tmp_path / row["base"] / "fingerprints").glob("*.pt")
+                         if p.name not in family and "random-init" not in p.name)
+        assert row["left_apart"] == (", ".join(outside) or "none") and row["in_its_family"] + len(outside) == row["descendants"] == 15

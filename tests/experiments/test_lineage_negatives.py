@@ -20,6 +20,7 @@ def tiny():
     return N.run_negatives(N.PRESETS["tiny"], progress=False)
 
 
+@pytest.mark.slow  # the module's trained models take seconds: out of the inner loop, in the full suite
 def test_every_pair_under_every_mode(tiny):
     cfg = N.PRESETS["tiny"]
     pairs = tiny.pairs
@@ -31,6 +32,7 @@ def test_every_pair_under_every_mode(tiny):
     assert (tiny.training.eval_loss < math.log(cfg.model.d_vocab) - 0.5).all()  # they learned more than a uniform guess
 
 
+@pytest.mark.slow  # the module's trained models take seconds: out of the inner loop, in the full suite
 def test_the_default_is_the_published_test_where_nothing_maps(tiny):
     """Unrelated models share no table up to a map, so "auto" runs the published test: the same p, pair by pair."""
     table = tiny.pairs.set_index(["base", "suspect", "negatives", "mode"]).sort_index()
@@ -55,6 +57,7 @@ def test_the_published_verdict_is_the_direct_lineage_test():
     assert row.order == "other order" and row.p == direct.p and row.tau_bar == pytest.approx(direct.tau_bar, abs=0)
 
 
+@pytest.mark.slow  # the module's trained models take seconds: out of the inner loop, in the full suite
 def test_rates_count_the_positives(tiny):
     rates = tiny.rates().set_index(["negatives", "mode"])
     for (kind, mode), group in tiny.pairs.groupby(["negatives", "mode"]):

@@ -82,6 +82,7 @@ def prints():
     return {name: sp.fingerprint(m, **KW) for name, m in made.items()}
 
 
+@pytest.mark.slow  # many seconds: out of the inner loop, in the full suite
 def test_aligned_tests_find_the_reparametrised_descendants(prints):
     base = prints["base"]
     null = sp.SeedsNull(n_null=8)  # fresh inits of the base's recorded spec, aligned like the suspect
@@ -128,6 +129,7 @@ def test_multiple_testing_and_detection_metrics():
     assert (m["auc"], m["tpr"], m["fpr"], m["accuracy"], m["tpr_at_1pct_fpr"]) == (1.0, 1.0, 0.0, 1.0, 1.0)
 
 
+@pytest.mark.slow  # several seconds: out of the inner loop, in the full suite
 def test_lineage_across_models_with_a_cache_labels_and_families(tmp_path, monkeypatch):
     base = lens_bias.random_init("llama", seed=0, **SMALL)
     folder = tmp_path / "models"

@@ -146,6 +146,7 @@ def _structured_table(v: int, d: int, seed: int) -> torch.Tensor:
     return torch.randn(v, d, generator=g) * torch.logspace(0, -1.5, d)
 
 
+@pytest.mark.slow  # many seconds: out of the inner loop, in the full suite
 def test_large_tables_are_matched_on_their_principal_axes(monkeypatch):
     """Above QUADRATIC_ROWS the rows are described by their principal axes alone (the neighbourhood pass is not run):
     a rotated, renamed copy and its 4-bit-like noisy copy are matched to every row, the coarse index gives the full

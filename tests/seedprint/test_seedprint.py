@@ -380,6 +380,7 @@ def test_calibrate_refuses_a_count_of_pairs_whose_fingerprints_cannot_fit(monkey
     assert "pass n_pairs <= 2621" in str(refusal.value)
 
 
+@pytest.mark.slow  # several seconds: out of the inner loop, in the full suite
 def test_analytic_null_on_gaussian_features_through_the_whole_pipeline():
     # p = min(1, 2Φ̄(z)) makes the one-sided test conservative: expected FPR α/2 = 0.5%
     g = torch.Generator().manual_seed(0)

@@ -82,6 +82,7 @@ def trained_pair():
     return (models[a], models[b]), tuned
 
 
+@pytest.mark.slow  # many seconds: out of the inner loop, in the full suite
 def test_the_default_asks_the_tables_between_trained_models(trained_pair):
     """Two models trained from other seeds pass the published test; the default keeps its p but asks their tables,
     which agree no more than chance, and calls them unrelated. A fine-tune of one of them keeps its table: related,
@@ -97,6 +98,7 @@ def test_the_default_asks_the_tables_between_trained_models(trained_pair):
     assert related.tables is not None and related.tables.z > 0.9 * math.sqrt(TRAINED.d_model)
 
 
+@pytest.mark.slow  # many seconds: out of the inner loop, in the full suite
 def test_a_disguised_fine_tune_of_a_trained_model_is_related(trained_pair):
     """Rotated and renamed: the tables agree through the fitted basis map (no bound then: the fit is the evidence)."""
     (one, _), tuned = trained_pair
@@ -106,6 +108,7 @@ def test_a_disguised_fine_tune_of_a_trained_model_is_related(trained_pair):
     assert result.tables.log10_p is None and result.tables.mean_correlation > 0.9
 
 
+@pytest.mark.slow  # many seconds: out of the inner loop, in the full suite
 def test_lineage_across_trained_models_asks_the_tables(trained_pair, tmp_path):
     """pairwise_lineage and lens-bias lineage ask the tables as compare does: the unrelated trained model is left
     out of the family that the published run puts it in."""
