@@ -58,7 +58,7 @@ class NegativesConfig(Serialisable):
     n_trained: int = 10  # trained models: C(10, 2) = 45 pairs, 20 in the same data order and 25 in another
     data_seeds: tuple[int, int] = (42, 7)  # the data orders of the first and second half of the trained models
     steps: int = 400  # training steps: eval loss well below the unigram entropy
-    lr: float = 1e-3  # the rate at which the trained pairs were found alike
+    lr: float = 1e-3  # the rate at which trained pairs of other seeds were first found alike
     batch_size: int = 16
     seq_len: int = 64  # training sequence length
     n_random: int = 255  # random-init pairs: with the trained ones, 300 unrelated pairs for the default
