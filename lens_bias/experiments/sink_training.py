@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -35,6 +36,7 @@ from lens_bias.analyses.super_neurons import SuperNeurons
 from lens_bias.core.corpora import code, prose
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.inputs import RandomTokens, check_later_position, with_bos
+from lens_bias.core.provenance import numbers_of, results_record, table_of, write_results
 from lens_bias.core.serialise import Serialisable
 from lens_bias.core.tables import markdown_table
 from lens_bias.experiments.base import Experiment, Outcome
@@ -47,7 +49,8 @@ from lens_bias.models.checkpoints import load_checkpoint, save_checkpoint
 from lens_bias.training.data import TokenData
 from lens_bias.training.trainer import TrainingRun, train
 
-__all__ = ["SinkConfig", "SinkExperimentResult", "PRESETS", "run_sink_experiment", "sink_model", "SINK_MODEL_PATH", "checks", "summary", "corpus_data", "eval_tokens"]
+__all__ = ["SinkConfig", "SinkExperimentResult", "PRESETS", "run_sink_experiment", "sink_model", "SINK_MODEL_PATH", "checks", "summary", "corpus_data", "eval_tokens",
+           "sinks_record"]
 
 logger = logging.getLogger(__name__)
 
@@ -415,6 +418,37 @@ def summary(result: SinkExperimentResult) -> str:
     return f"{head}\n\nclaims, as measured here:\n{claims}\n\n{result.markdown()}"
 
 
+# the sources a run's numbers depend on (a page says when one changed since the run)
+DEPENDS = ("lens_bias/experiments/sink_training.py", "analyses", "hooks", "lens_bias/training", "lens_bias/models")
+# each table's key column: its numbers are TABLE.KEY.COLUMN (lens_bias.core.provenance.numbers_of)
+_KEYS = {"init_variance": "condition", "sinks_by_layer": "layer", "interventions": "condition", "super_neurons": "rank", "rmsnorm": "model", "training": "run"}
+
+
+def sinks_record(result: SinkExperimentResult, command: str | None = None) -> dict[str, Any]:
+    """The experiments' results file (``sinks.json``; ``docs/render.py`` writes ``docs/experiments/sinks.md`` from
+    it): every table, each cell also a number ``TABLE.KEY.COLUMN``; the trained model's headline; each model's eval
+    loss at its first and last evaluation (``curve.MODEL.first`` / ``.last``, with ``.first_step``); the config.
+
+    Args:
+        result: a :func:`run_sink_experiment` result.
+        command: the command line recorded (default: this process's).
+
+    Returns:
+        A results record (:func:`~lens_bias.core.provenance.results_record`).
+    """
+    tables = {name: table for name, table in result.tables().items() if name in _KEYS and len(table)}
+    numbers: dict[str, Any] = {"config": result.config.to_dict(), "n_eval": result.config.n_eval, "share0_diff": result.extras["share0_diff"], "share0_diff_in_se": result.extras["share0_diff_in_se"]}
+    numbers.update({f"trained_sinks.{k}": v for k, v in result.extras["trained_sinks"].items()})
+    numbers.update({f"trained_super_neurons.{k}": v for k, v in result.extras["trained_super_neurons"].items()})
+    for name, table in tables.items():
+        numbers.update(numbers_of(table, [_KEYS[name]], name))
+    for model, curve in result.loss_curves.groupby("model", sort=False) if len(result.loss_curves) else ():
+        key = re.sub(r"[^a-z0-9]+", "_", str(model).lower()).strip("_")  # as numbers_of writes a key
+        numbers.update({f"curve.{key}.first_step": int(curve.step.iloc[0]), f"curve.{key}.first": float(curve.eval_loss.iloc[0]),
+                        f"curve.{key}.last": float(curve.eval_loss.iloc[-1])})
+    return results_record(numbers, {name: table_of(table) for name, table in tables.items()}, DEPENDS, command)
+
+
 class SinkExperiment(Experiment):
     """``lens-bias sinks``: :func:`run_sink_experiment` from the command line."""
 
@@ -443,4 +477,6 @@ class SinkExperiment(Experiment):
             config = replace(config, train_rmsnorm=False)
         trained = SINK_MODEL_PATH if args.trained == "shipped" else args.trained
         result = run_sink_experiment(config, trained=trained, out=args.out, device=args.device, progress=not args.no_progress)
+        if args.out:
+            write_results(Path(args.out) / "sinks.json", sinks_record(result))
         return Outcome(summary(result))

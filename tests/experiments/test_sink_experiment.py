@@ -50,6 +50,26 @@ def test_tiny_run_measures_the_claims(tiny_run):
 
 
 @pytest.mark.slow
+def test_the_results_file_holds_the_tables_the_run_wrote(tiny_run):
+    """sinks.json (what docs/experiments/sinks.md renders): each table cell as TABLE.KEY.COLUMN, equal to the CSV the
+    run wrote beside it, and each model's first and last evaluation from its loss curve."""
+    record = json.loads((tiny_run / "sinks.json").read_text())
+    numbers, k = record["numbers"], PRESETS["tiny"].position
+    assert "lens_bias/experiments/sink_training.py" in record["depends"]  # the command is this process's argv (here pytest's)
+    init = pd.read_csv(tiny_run / "init_variance.csv").set_index("condition")
+    assert numbers[f"init_variance.masktoself_{k}_seed_0.r_{k}"] == pytest.approx(init.loc[f"MaskToSelf({k}), seed 0", f"r_{k}"], rel=1e-9)
+    moved = pd.read_csv(tiny_run / "interventions.csv").set_index("condition")
+    assert numbers[f"interventions.amplifyvariance_{k}_8.diff_in_se"] == pytest.approx(moved.loc[f"AmplifyVariance({k}, 8)", "diff_in_se"], rel=1e-9)
+    by_layer = pd.read_csv(tiny_run / "sinks_by_layer.csv")
+    assert [numbers[f"sinks_by_layer.{layer}.trained_share0"] for layer in by_layer.layer] == pytest.approx(list(by_layer.trained_share0), rel=1e-9)
+    curves = pd.read_csv(tiny_run / "loss_curves.csv")
+    for model, key in (("baseline", "baseline"), ("HeadwiseRMSNorm", "headwisermsnorm")):
+        curve = curves[curves.model == model]
+        assert (numbers[f"curve.{key}.first_step"], numbers[f"curve.{key}.last"]) == (curve.step.iloc[0], pytest.approx(curve.eval_loss.iloc[-1], rel=1e-9))
+    assert numbers["rmsnorm.headwisermsnorm.eval_loss"] == pytest.approx(numbers["curve.headwisermsnorm.last"])
+
+
+@pytest.mark.slow
 def test_checks_follow_the_tables(tiny_run):
     cfg = PRESETS["tiny"]
     result = SinkExperimentResult(
