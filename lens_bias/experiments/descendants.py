@@ -485,7 +485,7 @@ class DescendantsExperiment(Experiment):
     description = ("LeaFBench in miniature, under every align mode: every descendant must be related at p < 1e-10 under each mode that covers "
                    "it, and every random init unrelated under every mode. With several --model, one family each, and the metrics pooled. "
                    "Exits 1 otherwise.")
-    preset_help = "sizes (tiny: seconds on a tiny model; default: SmolLM2 in about 35 minutes on 2 CPU cores; family: each of three real families)"
+    preset_help = "sizes (tiny: seconds on a tiny model; default: SmolLM2 in about 25 minutes on 2 CPU cores; family: each of three real families)"
     config_type = DescendantsConfig
     presets = PRESETS
     model_help = "the base model, with a tokenizer"

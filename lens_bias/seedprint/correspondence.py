@@ -309,13 +309,12 @@ def _match_rows(a: Embedding, b: Embedding, seed: int) -> Int[Tensor, "v_a"] | N
     order = torch.randperm(table_a.shape[0], generator=torch.Generator().manual_seed(seed))
     fit_rows, judged = order[:_SAMPLE], order[_SAMPLE:2 * _SAMPLE]
     judged = judged if len(judged) else fit_rows
-    unit_a = unit(table_a)
     for name, described_a, described_b in _descriptions(a, b, fit_rows):
         centre, spread = described_a.mean(dim=0), described_a.std(dim=0).clamp_min(1e-12)
         start = _closest((described_a - centre) / spread, (described_b - centre) / spread)
         if not _promising(table_a, table_b, fit_rows, start):
             continue
-        mapped = unit(table_b @ _refined(table_a, table_b, fit_rows, start))
+        mapped, unit_a = unit(table_b @ _refined(table_a, table_b, fit_rows, start)), unit(table_a)
         cosine, _ = nearest_rows(unit_a[judged], mapped)
         if (cosine >= MATCH_COSINE).float().mean().item() >= SAME_TABLE:
             logger.info("the suspect's embedding rows are the base's under a basis map and a renaming (rows matched on %s): tokens follow them", name)

@@ -7,11 +7,11 @@ from other seeds on one corpus learn alike, and the published test calls 12 of 4
 residual coordinates are fixed by its own init. A descendant (fine-tuned, quantised, renamed, rotated and mapped
 back) keeps its base's table.
 
-The statistic: over the tokens both models have, each residual coordinate ``j``'s column correlation ``c_j`` between
-the two tables (rows centred), and ``z = Σ c_j / sqrt(Σ c_j²)``. Flipping the sign of one residual coordinate of a
-model (its embedding column and every weight that reads or writes it) leaves a Gaussian init's distribution and
-sign-equivariant training (SGD, Adam) unchanged, so between unrelated models each ``c_j`` is as likely negative as
-positive, independently, whatever its size. Hoeffding's inequality then bounds the chance of a ``z`` this large:
+The statistic: over the tokens both models have (at most :data:`ROWS` of them), each residual coordinate ``j``'s
+column correlation ``c_j`` between the two tables (rows centred), and ``z = Σ c_j / sqrt(Σ c_j²)``. Flipping the
+sign of one residual coordinate of a model (its embedding column and every weight that reads or writes it) leaves a
+Gaussian init's distribution and sign-equivariant training (SGD, Adam) unchanged, so between unrelated models each
+``c_j`` is as likely negative as positive, independently, whatever its size. Hoeffding's inequality then bounds the chance of a ``z`` this large:
 ``p ≤ exp(−z²/2)``. The bound is exact in this sense for RMSNorm models; LayerNorm subtracts the mean over
 coordinates, which a flip changes, so there it is close rather than exact. A model's own descendant reaches
 ``z ≈ sqrt(D)`` (every column agrees); over the 45 unrelated trained pairs of ``lens-bias lineage-negatives``, z lies
@@ -34,9 +34,16 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from lens_bias.seedprint.correspondence import BasisMap, Embedding, TokenMap
 
-__all__ = ["TableAgreement", "table_agreement"]
+__all__ = ["TableAgreement", "table_agreement", "ROWS"]
+
+ROWS = 65536
+"""The most tokens compared; larger vocabularies (Gemma 3's 262k, Qwen2.5's 152k) are compared on this many, drawn
+with a fixed seed. A column correlation over 65536 rows is known to ±0.004, far inside what tells a descendant
+(c̄ near 1) from an unrelated table (c̄ near 0), and the whole table took seconds per pair in float64."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +81,8 @@ def table_agreement(base: Any, suspect: Any, tokens: TokenMap, basis: BasisMap |
     shared = tokens.shared
     if table_a.shape[1] != table_b.shape[1] or len(shared) < 3:
         return TableAgreement(z=0.0, mean_correlation=0.0, rows=len(shared), log10_p=0.0)
+    if len(shared) > ROWS:  # drawn without looking at the tables, so the bound holds on them as on all rows
+        shared = shared[torch.randperm(len(shared), generator=torch.Generator().manual_seed(0))[:ROWS]].sort().values
     a, b = table_a[shared].double(), table_b[tokens.ids[shared]].double()  # the rows compared, each copied once
     fitted = basis is not None and basis.matrix is not None
     if fitted:

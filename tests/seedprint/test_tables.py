@@ -15,7 +15,7 @@ from lens_bias import seedprint as sp
 from lens_bias.core.corpora import prose
 from lens_bias.models.parameters import copy_model
 from lens_bias.models.reparametrise import rename_vocabulary, rotate_residual
-from lens_bias.seedprint import correspondence, lineage
+from lens_bias.seedprint import correspondence, lineage, tables
 from lens_bias.seedprint.tables import table_agreement
 from lens_bias.training import TokenData, TrainSettings, train
 
@@ -48,6 +48,24 @@ def test_the_statistic_against_a_direct_computation():
     got = table_agreement(a, flipped, _same(SMALL.d_vocab))
     assert got.z == pytest.approx((d - 10) / math.sqrt(d), rel=1e-9)
     assert got.log10_p == pytest.approx(-((d - 10) ** 2 / d) / (2 * math.log(10)), rel=1e-9)
+
+
+def test_a_large_vocabulary_is_compared_on_rows_drawn_blind(monkeypatch):
+    """Above ``ROWS`` tokens the statistic reads ROWS of them, drawn without looking at the tables: the numpy
+    computation over those rows gives the same z, and a copy with k columns negated still gives (D − 2k)/√D."""
+    monkeypatch.setattr(tables, "ROWS", 100)
+    a, b = (lens_bias.random_init(dataclasses.replace(SMALL, seed=s)) for s in (0, 1))
+    got = table_agreement(a, b, _same(SMALL.d_vocab))
+    rows = torch.randperm(SMALL.d_vocab, generator=torch.Generator().manual_seed(0))[:100].sort().values.numpy()
+    ea, eb = (m.W_E.detach().double().numpy()[rows] for m in (a, b))
+    ea, eb = ea - ea.mean(0), eb - eb.mean(0)
+    c = (ea * eb).sum(0) / np.sqrt((ea**2).sum(0) * (eb**2).sum(0))
+    assert got.rows == 100 and got.z == pytest.approx(c.sum() / np.linalg.norm(c), rel=1e-9)
+    flipped = copy_model(a)
+    with torch.no_grad():
+        flipped.W_E[:, :3] *= -1
+    d = SMALL.d_model
+    assert table_agreement(a, flipped, _same(SMALL.d_vocab)).z == pytest.approx((d - 6) / math.sqrt(d), rel=1e-9)
 
 
 def test_the_bound_holds_on_unrelated_tables():
