@@ -76,7 +76,8 @@ def cell(value: Any, spec: str | None = None) -> str:
 def render_table(name: str, key: str, record: dict[str, Any], page: Path) -> str:
     table = record["tables"][key]
     formats = table.get("formats", {})
-    lines = ["| " + " | ".join(table["columns"]) + " |", "|" + "---|" * len(table["columns"])]
+    # a column's name as a header: words, not an identifier (in_its_family -> in its family)
+    lines = ["| " + " | ".join(c.replace("_", " ") for c in table["columns"]) + " |", "|" + "---|" * len(table["columns"])]
     # a "|" inside a cell (an edit's "max |w|") would end the cell: escaped as the tables write it by hand
     lines += ["| " + " | ".join(cell(v, formats.get(c)).replace("|", "\\|") for c, v in zip(table["columns"], row)) + " |" for row in table["rows"]]
     return "\n".join(lines) + "\n\n*From " + provenance_line(name, record, page) + "*\n"

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -442,10 +441,10 @@ def sinks_record(result: SinkExperimentResult, command: str | None = None) -> di
     numbers.update({f"trained_super_neurons.{k}": v for k, v in result.extras["trained_super_neurons"].items()})
     for name, table in tables.items():
         numbers.update(numbers_of(table, [_KEYS[name]], name))
-    for model, curve in result.loss_curves.groupby("model", sort=False) if len(result.loss_curves) else ():
-        key = re.sub(r"[^a-z0-9]+", "_", str(model).lower()).strip("_")  # as numbers_of writes a key
-        numbers.update({f"curve.{key}.first_step": int(curve.step.iloc[0]), f"curve.{key}.first": float(curve.eval_loss.iloc[0]),
-                        f"curve.{key}.last": float(curve.eval_loss.iloc[-1])})
+    if len(result.loss_curves):
+        ends = [{"model": model, "first_step": int(curve.step.iloc[0]), "first": float(curve.eval_loss.iloc[0]), "last": float(curve.eval_loss.iloc[-1])}
+                for model, curve in result.loss_curves.groupby("model", sort=False)]
+        numbers.update(numbers_of(pd.DataFrame(ends), ["model"], "curve"))
     return results_record(numbers, {name: table_of(table) for name, table in tables.items()}, DEPENDS, command)
 
 

@@ -36,7 +36,7 @@ def test_every_results_file_says_where_it_came_from():
 def results(tmp_path, monkeypatch):
     monkeypatch.setattr(render, "RESULTS", tmp_path)
     record = {"command": "lens-bias x", "date": "2026-12-05T00:00:00", "machine": "m", "numbers": {"a.b": 0.123456, "n": 3},
-              "tables": {"t": {"columns": ["k", "v"], "rows": [["x", 1.5]], "formats": {"v": ".2f"}}},
+              "tables": {"t": {"columns": ["k", "v_mean"], "rows": [["x", 1.5]], "formats": {"v_mean": ".2f"}}},
               "depends": {"docs/render.py": source_hash("docs/render.py")}}
     (tmp_path / "run.json").write_text(json.dumps(record))
     return tmp_path
@@ -47,7 +47,7 @@ def test_markers_take_their_numbers_and_tables_from_the_file(results):
     text = "p̄ <!-- r run.a.b .2f -->old<!-- /r --> of <!-- r run.n -->9<!-- /r -->\n<!-- r-table run.t -->\nstale\n<!-- /r-table -->\n"
     out = render.render(text, {}, page)
     assert "<!-- r run.a.b .2f -->0.12<!-- /r --> of <!-- r run.n -->3<!-- /r -->" in out
-    assert "| k | v |\n|---|---|\n| x | 1.50 |" in out and "stale" not in out and "older run" not in out
+    assert "| k | v mean |\n|---|---|\n| x | 1.50 |" in out and "stale" not in out and "older run" not in out  # headers in words
     assert render.render(out, {}, page) == out  # rendering is idempotent
 
 
