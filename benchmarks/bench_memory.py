@@ -91,13 +91,11 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     table = pd.DataFrame(rows)
     print(f"largest deviation: {(table.ratio - 1).abs().max():.0%} (target <= 25%); threads {torch.get_num_threads()}, torch {torch.__version__}")
     if args.results:  # docs/performance.md renders its memory-guard table from it (docs/render.py)
-        from lens_bias.core.provenance import tables_record, write_results
+        from _results import write_tables
 
         shown = table.assign(estimate=table.estimate / 2**20, measured=table.measured / 2**20).rename(columns={"estimate": "estimate_mib", "measured": "measured_mib"})
-        flags = "".join(f" {flag}" for flag, on in (("--tiny", args.tiny), (f"--device {args.device}", args.device != "cpu")) if on)
-        write_results(args.results, tables_record({"sizes": shown}, {"sizes": ["size"]}, {"estimate_mib": ".0f", "measured_mib": ".0f", "ratio": ".2f"},
-                                                  ("benchmarks/bench_memory.py", "lens_bias/core/memory.py", "analyses"),
-                                                  f"python benchmarks/bench_memory.py{flags} --results {args.results}"))
+        write_tables(args.results, {"sizes": shown}, {"sizes": ["size"]}, {"estimate_mib": ".0f", "measured_mib": ".0f", "ratio": ".2f"},
+                     ("benchmarks/bench_memory.py", "lens_bias/core/memory.py", "analyses"))
     return table
 
 

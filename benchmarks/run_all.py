@@ -22,8 +22,6 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from lens_bias.core.provenance import tables_record, write_results
-
 HERE = Path(__file__).resolve().parent
 TARGETS = {
     "analyze / forward ratio": "≤ 2.0",
@@ -75,12 +73,12 @@ def main(argv: list[str] | None = None) -> None:
     for name, target in TARGETS.items():
         print(f"| {name} | {found.get(name, 'n/a')} | {target} |")
     if args.results:  # docs/performance.md renders its table from it (docs/render.py)
+        from _results import write_tables
+
         table = pd.DataFrame({"figure": list(TARGETS), "ratio": [_number(found.get(name, "n/a")) for name in TARGETS], "target": list(TARGETS.values())})
-        flag = "" if preset == "cpu" else f" --{preset}"
-        write_results(args.results, tables_record({"figures": table}, {"figures": ["figure"]}, {"ratio": ".2f"},
-                                                  ("benchmarks/run_all.py", "benchmarks/bench_analyze.py", "benchmarks/bench_seedprint.py", "benchmarks/_timing.py",
-                                                   "analyses", "lens_bias/seedprint", "lens_bias/core"),
-                                                  f"python benchmarks/run_all.py{flag} --results {args.results}", numbers={"preset": preset}))
+        write_tables(args.results, {"figures": table}, {"figures": ["figure"]}, {"ratio": ".2f"},
+                     ("benchmarks/run_all.py", "benchmarks/bench_analyze.py", "benchmarks/bench_seedprint.py", "benchmarks/_timing.py",
+                      "analyses", "lens_bias/seedprint", "lens_bias/core"), numbers={"preset": preset})
 
 
 def _number(ratio: str) -> float | None:
