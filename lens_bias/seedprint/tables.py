@@ -11,11 +11,12 @@ The statistic: over the tokens both models have (at most :data:`ROWS` of them), 
 column correlation ``c_j`` between the two tables (rows centred), and ``z = Σ c_j / sqrt(Σ c_j²)``. Flipping the
 sign of one residual coordinate of a model (its embedding column and every weight that reads or writes it) leaves a
 Gaussian init's distribution and sign-equivariant training (SGD, Adam) unchanged, so between unrelated models each
-``c_j`` is as likely negative as positive, independently, whatever its size. Hoeffding's inequality then bounds the chance of a ``z`` this large:
-``p ≤ exp(−z²/2)``. The bound is exact in this sense for RMSNorm models; LayerNorm subtracts the mean over
-coordinates, which a flip changes, so there it is close rather than exact. A model's own descendant reaches
-``z ≈ sqrt(D)`` (every column agrees); over the 45 unrelated trained pairs of ``lens-bias lineage-negatives``, z lies
-between −2.65 and 1.99 (mean 0.22, sd 1.12), and over its 255 random-init pairs between −2.78 and 2.31.
+``c_j`` is as likely negative as positive, independently, whatever its size. Hoeffding's inequality then bounds the
+chance of a ``z`` this large: ``p ≤ exp(−z²/2)``. The bound is exact in this sense for RMSNorm models; LayerNorm
+subtracts the mean over coordinates, which a flip changes, so there it is close rather than exact. A model's own
+descendant reaches ``z ≈ sqrt(D)`` (every column agrees); over the 45 unrelated trained pairs of
+``lens-bias lineage-negatives``, z lies between −2.65 and 1.99 (mean 0.22, sd 1.12), and over its 255 random-init
+pairs between −2.78 and 2.31.
 
 >>> import lens_bias, torch
 >>> from lens_bias.models.transforms import quantize
