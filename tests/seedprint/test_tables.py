@@ -31,13 +31,19 @@ def _same(v: int) -> correspondence.TokenMap:
     return correspondence.TokenMap(torch.arange(v), "same")
 
 
+def _column_correlations(a, b, rows=None):
+    """Each residual coordinate's correlation between the two embedding tables (rows centred), in numpy."""
+    ea, eb = (m.W_E.detach().double().numpy() for m in (a, b))
+    ea, eb = (ea, eb) if rows is None else (ea[rows], eb[rows])
+    ea, eb = ea - ea.mean(0), eb - eb.mean(0)
+    return (ea * eb).sum(0) / np.sqrt((ea**2).sum(0) * (eb**2).sum(0))
+
+
 def test_the_statistic_against_a_direct_computation():
     """z = Σc/‖c‖ of the column correlations, computed here with numpy; a copy with k columns negated has every
     |c_j| = 1, so z = (D − 2k)/√D exactly, and the bound is exp(−z²/2)."""
     a, b = (lens_bias.random_init(dataclasses.replace(SMALL, seed=s)) for s in (0, 1))
-    ea, eb = (m.W_E.detach().double().numpy() for m in (a, b))
-    ea, eb = ea - ea.mean(0), eb - eb.mean(0)
-    c = (ea * eb).sum(0) / np.sqrt((ea**2).sum(0) * (eb**2).sum(0))
+    c = _column_correlations(a, b)
     got = table_agreement(a, b, _same(SMALL.d_vocab))
     assert got.z == pytest.approx(c.sum() / np.linalg.norm(c), rel=1e-9) and got.mean_correlation == pytest.approx(c.mean(), rel=1e-9)
     assert got.log10_p == (0.0 if got.z <= 0 else pytest.approx(-got.z**2 / (2 * math.log(10))))
@@ -56,10 +62,7 @@ def test_a_large_vocabulary_is_compared_on_rows_drawn_blind(monkeypatch):
     monkeypatch.setattr(tables, "ROWS", 100)
     a, b = (lens_bias.random_init(dataclasses.replace(SMALL, seed=s)) for s in (0, 1))
     got = table_agreement(a, b, _same(SMALL.d_vocab))
-    rows = torch.randperm(SMALL.d_vocab, generator=torch.Generator().manual_seed(0))[:100].sort().values.numpy()
-    ea, eb = (m.W_E.detach().double().numpy()[rows] for m in (a, b))
-    ea, eb = ea - ea.mean(0), eb - eb.mean(0)
-    c = (ea * eb).sum(0) / np.sqrt((ea**2).sum(0) * (eb**2).sum(0))
+    c = _column_correlations(a, b, rows=torch.randperm(SMALL.d_vocab, generator=torch.Generator().manual_seed(0))[:100].sort().values.numpy())
     assert got.rows == 100 and got.z == pytest.approx(c.sum() / np.linalg.norm(c), rel=1e-9)
     flipped = copy_model(a)
     with torch.no_grad():
