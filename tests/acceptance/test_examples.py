@@ -87,6 +87,18 @@ def test_calibration_smoke(capsys, tmp_path):
     assert table.loc[("embeddings", "analytic"), "fpr"] > table.loc[("embeddings", "seeds"), "fpr"]
 
 
+def test_calibration_of_the_align_modes_smoke(tmp_path):
+    """With --aligns the example tests each pair under each mode, and its results file keys the rows by input kind,
+    mode and null, as seedprint.md's aligned table names them; the command recorded is the one that ran."""
+    results = tmp_path / "aligned.json"
+    argv = ["--pairs", "3", "--n", "64", "--seq-len", "8", "--d-vocab", "1000", "--kinds", "tokens", "--aligns", "permutation", "--results", str(results)]
+    table = runpy.run_path(str(EXAMPLES / "calibration.py"))["main"](argv)
+    assert set(table["align"]) == {"permutation"} and set(table["inputs"]) == {"tokens"} and (table.pairs == 3).all()
+    record = json.loads(results.read_text())
+    assert record["numbers"]["calibration.tokens.permutation.seeds.fpr"] == table.set_index("null").loc["seeds", "fpr"]
+    assert record["command"] == "python examples/calibration.py " + " ".join(argv)
+
+
 def test_orders_of_magnitude_smoke(monkeypatch, capsys):
     argv = ["orders_of_magnitude.py", "--d-model", "128", "--d-vocab", "1000", "--n", "16", "--seq-len", "8"]
     monkeypatch.setattr(sys, "argv", argv)

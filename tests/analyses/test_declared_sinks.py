@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import copy
 import inspect
+import json
+import runpy
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -158,6 +161,20 @@ def test_sink_attribution_removes_the_learned_sinks_and_says_where_their_attenti
     assert any(t.startswith("learned sinks removed:") for t in texts), texts
     # the default conditions of a model without learned sinks leave the condition out
     assert "learned sinks removed" not in sink_attribution(tiny("llama"), lens_bias.random_tokens(8, 12, 97), n_random=4).conditions
+
+
+@bridge_only
+def test_the_pages_example_writes_the_models_own_learned_sink(gpt_oss, tmp_path):
+    # docs/sinks.md renders its table from what examples/declared_sinks.py writes: the learned sink's share equals the
+    # model's own eager attention, and the removal row is the attribution's
+    _, hf = gpt_oss
+    results = tmp_path / "declared.json"
+    table = runpy.run_path(str(Path(__file__).parents[2] / "examples" / "declared_sinks.py"))["main"](["--results", str(results)])
+    numbers = json.loads(results.read_text())["numbers"]
+    assert numbers["learned_sink_share"] == pytest.approx(_direct_learned_sink(hf, TOKENS).mean().item(), abs=1e-5)
+    removed = table.set_index("condition").loc["learned sinks removed"]
+    assert numbers["conditions.learned_sinks_removed.sink_0"] == removed.sink_0 and numbers["heads"] == 8
+    assert numbers["conditions.learned_sinks_removed.freed_attention"] == removed.freed_attention != ""
 
 
 def test_rows_that_do_not_add_up_are_refused_in_one_line():
