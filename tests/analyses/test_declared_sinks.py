@@ -163,6 +163,7 @@ def test_sink_attribution_removes_the_learned_sinks_and_says_where_their_attenti
     assert "learned sinks removed" not in sink_attribution(tiny("llama"), lens_bias.random_tokens(8, 12, 97), n_random=4).conditions
 
 
+@pytest.mark.slow  # the whole example (analyze and the attribution): out of the inner loop, in the full suite
 @bridge_only
 def test_the_pages_example_writes_the_models_own_learned_sink(gpt_oss, tmp_path):
     # docs/sinks.md renders its table from what examples/declared_sinks.py writes: the learned sink's share equals the
