@@ -233,6 +233,9 @@ def _lineage_parser(command: Command) -> None:
     _test_flags(g, "level of the adjusted verdicts", models=True)
     g.add_argument("--null-fingerprints", nargs="+", default=(), metavar="FP",
                    help="with --align, the seeds null of saved fingerprints (files or folders): those of each model's width, less the pair tested")
+    g.add_argument("--readings", nargs="+", default=(), metavar="FOLDER",
+                   help="with saved fingerprints, the folders of their readings under the same file names (lens-bias descendants --out's "
+                   "FAMILY/readings): the default test (align auto) then reads its maps from them")
     g.add_argument("--correction", choices=list(seedprint.families.CORRECTIONS), default="holm", help="multiple-testing correction")
     _fingerprint_flags(g, seedprint.families.PAIRWISE)
     g.add_argument("--cache", default=None, help="fingerprint cache folder (default: $LENS_BIAS_CACHE/fingerprints)")
@@ -340,11 +343,13 @@ def _lineage(args: argparse.Namespace) -> str:
         missing = [name for name, base in labels.items() if base is None]
         if missing:
             raise LensBiasError(f"{', '.join(args.labels)} name no base for {missing}")
+    readings = seedprint.readings.ReadingFiles.beside(models, args.readings) if args.readings else None  # by file name
     chosen: dict[str, Any] = {} if args.align is None else {"align": None if args.align == "none" else args.align}  # else pairwise_lineage's default
     result = seedprint.pairwise_lineage(
         models, FingerprintSettings(n=args.n, seq_len=args.seq_len, seed=args.input_seed, vocab=args.vocab),
         m=args.m, ratio_k=args.ratio_k, alpha=args.alpha, **chosen, labels=labels, correction=args.correction,
         cache=args.cache, progress=not args.no_progress, null_fingerprints=[seedprint.Fingerprint.load(f) for f in seedprint.cache.expand_models(args.null_fingerprints) if f.endswith(".pt")],
+        readings=readings,
     )
     if args.out:
         out = Path(args.out)

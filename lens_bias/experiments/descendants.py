@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Union
 
 import pandas as pd
+import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
@@ -41,6 +42,8 @@ from lens_bias.models.reparametrise import permute_residual, rename_vocabulary, 
 from lens_bias.models.transforms import low_rank_delta, merge, prune, quantize, random_inits, relative_change
 from lens_bias.seedprint.correspondence import Embedding
 from lens_bias.seedprint.lineage import ALPHA, STRONG, Maps, auto_test, mapped_inputs, through_maps
+from lens_bias.seedprint.readings import Reading, drawn_tokens
+from lens_bias.seedprint.vocabulary import renamed_tokens
 from lens_bias.training.data import TokenData
 from lens_bias.training.trainer import evaluate, fine_tune
 
@@ -172,6 +175,7 @@ def real_descendants(
     *,
     data: TokenData | None = None,
     progress: bool = True,
+    keep: Callable[[str, Reading], None] | None = None,
     **overrides: Any,
 ) -> DescendantsResult:
     """Fingerprint ``model``, its descendants and random inits of its configuration, and test the base against each
@@ -189,6 +193,9 @@ def real_descendants(
         data: fine-tuning blocks (default: the code corpus packed with ``model.tokenizer``); the held-out split
             gives every model's code loss.
         progress: a progress bar over the models.
+        keep: called with each model's name ("base", a descendant's, "random init S") and its
+            :class:`~lens_bias.seedprint.readings.Reading` as it is made (``lens-bias descendants --out`` saves them), so
+            that ``compare``'s default can test every pair of the saved models later without them.
         **overrides: fields of :class:`DescendantsConfig` replacing the preset's.
 
     Returns:
@@ -210,7 +217,12 @@ def real_descendants(
     base_loss = evaluate(model, held_out)
     auto = "auto" in cfg.align_modes
     read = Embedding.of(model)
-    prints, rows, covers, not_made, autos = _descendants(model, read, base, makers, held_out, bar, started, cfg)
+    # with keep: the inputs besides the drawn IDs that every pair of this family's models asks for (compare draws among
+    # the tokens both tokenizers name, where they name fewer than the table's rows: Qwen2.5's)
+    shared = [] if keep is None else list(mapped_inputs(Maps.read(read, read), _prints(cfg)) or ())[:1]
+    if keep is not None:
+        keep("base", _reading(model, [(drawn_tokens(base), base)], shared, cfg))
+    prints, rows, covers, not_made, autos = _descendants(model, read, base, makers, held_out, bar, started, cfg, keep, shared)
     seeds = range(cfg.first_random_seed, cfg.first_random_seed + cfg.n_random)
     randoms: dict[str, int] = {}
     embeddings: dict[str, Embedding] = {}  # the random inits' tables (float16), for their pairs' maps
@@ -219,8 +231,10 @@ def real_descendants(
         name = f"random init {seed}"
         prints[name] = seedprint.fingerprint(fresh, _prints(cfg), progress=False)
         randoms[name] = seed
+        if keep is not None:
+            keep(name, _reading(fresh, [(drawn_tokens(base), prints[name])], shared, cfg))
         if auto:
-            autos[name] = _auto(model, read, fresh, base, prints[name], cfg)
+            autos[name] = _auto(model, Maps.read(read, fresh), fresh, base, prints[name], cfg)
             drawn = Embedding.of(fresh)
             embeddings[name] = Embedding(drawn.table.half(), drawn.words)
         rows.append({"target": name, "kind": "random init", "weight_change": float("nan"), "eval_loss": float("nan"), "seconds": time.perf_counter() - began})
@@ -256,12 +270,37 @@ def _test(cfg: DescendantsConfig) -> seedprint.LineageSettings:
     return seedprint.LineageSettings(ratio_k=cfg.ratio_k, alpha=ALPHA)
 
 
-def _auto(model: Any, read: Embedding, target: Any, base: seedprint.Fingerprint, made: seedprint.Fingerprint, cfg: DescendantsConfig) -> seedprint.SeedPrintResult:
-    """``compare``'s default test of the base (``read``: its embedding, read once for every target) against
-    ``target``, reusing both fingerprints where the maps leave the inputs alone (``made`` read renamed tokens where
-    ``fingerprint_like`` found a renaming: not reused)."""
-    maps = Maps.read(read, target)
+def _auto(model: Any, maps: Maps, target: Any, base: seedprint.Fingerprint, made: seedprint.Fingerprint, cfg: DescendantsConfig) -> seedprint.SeedPrintResult:
+    """``compare``'s default test of the base against ``target`` through ``maps`` (read from the base's embedding,
+    read once for every target), reusing both fingerprints where the maps leave the inputs alone (``made`` read
+    renamed tokens where ``fingerprint_like`` found a renaming: not reused)."""
     return auto_test(model, target, _prints(cfg), _test(cfg), maps=maps, made=(base, None if made.inputs.get("renamed") else made))
+
+
+def _reading(target: Any, made: list[tuple[Tensor, seedprint.Fingerprint]], wanted: list[Tensor], cfg: DescendantsConfig) -> Reading:
+    """``target``'s reading: its fingerprints ``made`` (with the tokens each read), and its fingerprint on each of
+    the ``wanted`` inputs that none of them read (on the drawn IDs themselves, with their record, as ``compare``
+    makes it: the published test checks that two fingerprints' records agree)."""
+    reading = Reading.of(target, made)
+    for tokens in wanted:
+        if reading.on(tokens) is None:
+            drawn = reading.drawn is not None and torch.equal(tokens, reading.drawn)
+            fp = seedprint.fingerprint(target, _prints(cfg), progress=False, **({} if drawn else {"inputs": tokens}))
+            reading = replace(reading, prints=(*reading.prints, (tokens, fp)))
+    return reading
+
+
+def _descendant_reading(model: Any, target: Any, base: seedprint.Fingerprint, made: seedprint.Fingerprint, maps: Maps, shared: list[Tensor],
+                        cfg: DescendantsConfig) -> Reading:
+    """A descendant's reading: its fingerprint ``made`` with the tokens it read (the base's renamed, where
+    ``fingerprint_like`` found a renaming); its fingerprints on the drawn IDs themselves (which its pairs with models
+    that do not share its renaming, random inits, read), on the ``shared`` inputs every pair of the family may ask
+    for, and on those the base's ``maps`` ask for (a renaming in another basis, which ``fingerprint_like`` does not
+    see: its pairs with the base's other descendants read them)."""
+    drawn = drawn_tokens(base)
+    renamed = renamed_tokens(model, target, drawn) if made.inputs.get("renamed") else None  # what fingerprint_like read, found again
+    inputs = mapped_inputs(maps, _prints(cfg))
+    return _reading(target, [(drawn if renamed is None else renamed, made)], [drawn, *shared, *([] if inputs is None else [inputs[1]])], cfg)
 
 
 def _makers(model: Any, cfg: DescendantsConfig, data: TokenData) -> list[Maker]:
@@ -301,11 +340,11 @@ def _makers(model: Any, cfg: DescendantsConfig, data: TokenData) -> list[Maker]:
 
 def _descendants(
     model: Any, read: Embedding, base: seedprint.Fingerprint, makers: list[Maker], held_out: Tensor, bar: Any, started: float,
-    cfg: DescendantsConfig,
+    cfg: DescendantsConfig, keep: Callable[[str, Reading], None] | None, shared: list[Tensor],
 ) -> tuple[dict[str, seedprint.Fingerprint], list[dict[str, Any]], dict[str, tuple], dict[str, str], dict[str, seedprint.SeedPrintResult]]:
     """Make and fingerprint each descendant: the fingerprints (the base's among them), a row per descendant, the
     modes that cover each, why those not made were not, and, with "auto" among the modes, its test of each (made
-    while the descendant is at hand: its maps read its weights against the base's, ``read``)."""
+    while the descendant is at hand: its maps read its weights against the base's, ``read``); each reading to ``keep``."""
     prints, rows, covers, not_made, autos = {"base": base}, [], {}, {}, {}
     for name, covered, make in makers:
         began = time.perf_counter()
@@ -319,8 +358,11 @@ def _descendants(
             continue
         prints[name] = seedprint.fingerprint_like(target, model, base)  # a renamed vocabulary reads the base's tokens renamed
         covers[name] = covered
-        if "auto" in cfg.align_modes:
-            autos[name] = _auto(model, read, target, base, prints[name], cfg)
+        maps = Maps.read(read, target) if keep is not None or "auto" in cfg.align_modes else None
+        if keep is not None and maps is not None:
+            keep(name, _descendant_reading(model, target, base, prints[name], maps, shared, cfg))
+        if maps is not None and "auto" in cfg.align_modes:
+            autos[name] = _auto(model, maps, target, base, prints[name], cfg)
         # a weight change is only defined in the base's basis (and vocabulary order)
         change = relative_change(model, target) if covered == _KEEPS_BASIS and not prints[name].inputs.get("renamed") else float("nan")
         renaming = getattr(target, "lens_bias_vocabulary", None)  # a renamed model reads the held-out text renamed
@@ -498,10 +540,15 @@ class DescendantsExperiment(Experiment):
         results: dict[str, DescendantsResult] = {}
         for text in args.model:
             family = Path(text).name.removesuffix(".gguf")
-            results[family] = result = real_descendants(load_model(text), config, progress=not args.no_progress)
-            if args.out:
-                folder = Path(args.out) if len(args.model) == 1 else Path(args.out) / _slug(family)
-                folder.mkdir(parents=True, exist_ok=True)
+            folder = (Path(args.out) if len(args.model) == 1 else Path(args.out) / _slug(family)) if args.out else None
+
+            def keep(target: str, reading: Reading, folder: Path | None = folder, family: str = family) -> None:
+                if folder is not None:  # beside the fingerprints, under the same names: what "auto" reads of each model
+                    (folder / "readings").mkdir(parents=True, exist_ok=True)
+                    reading.save(folder / "readings" / f"{_slug(family)}--{_slug(target)}.pt")
+
+            results[family] = result = real_descendants(load_model(text), config, progress=not args.no_progress, keep=keep)
+            if folder is not None:
                 result.table.to_csv(folder / "descendants.csv", index=False)
                 result.pairs.to_csv(folder / "pairs.csv", index=False)
                 (folder / "descendants.md").write_text(result.markdown())

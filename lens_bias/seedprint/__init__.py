@@ -20,7 +20,8 @@ dimensions, τ̄), :mod:`~lens_bias.seedprint.align`, :mod:`~lens_bias.seedprint
 :mod:`~lens_bias.seedprint.lineage` (the test, ``compare``), :mod:`~lens_bias.seedprint.correspondence` (the token and
 basis maps of ``align="auto"``), :mod:`~lens_bias.seedprint.tables` (whether two embedding tables agree beyond chance,
 which ``align="auto"`` asks between trained models), :mod:`~lens_bias.seedprint.families` (with its run of models,
-:mod:`~lens_bias.seedprint.lineage_run`, and its cache, :mod:`~lens_bias.seedprint.cache`) and
+:mod:`~lens_bias.seedprint.lineage_run`, its cache, :mod:`~lens_bias.seedprint.cache`, and the saved
+:mod:`~lens_bias.seedprint.readings` its default test reads where the models are not at hand) and
 :mod:`~lens_bias.seedprint.calibration`.
 
 >>> import lens_bias

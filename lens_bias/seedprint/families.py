@@ -11,7 +11,9 @@ models that are related after adjustment, directly or through others, form a fam
 By default each pair is tested as :func:`~lens_bias.seedprint.compare` tests it (``align="auto"``): through the
 token and basis maps read from the two models' embedding tables (cached like the fingerprints), so a renamed or
 rotated descendant is tested in its base's terms, and where nothing maps the published test is run on the
-fingerprints already made. Saved fingerprints hold no weights: a run of them is the published test. With an
+fingerprints already made. Saved fingerprints hold no weights: a run of them is the published test, unless each
+comes with its :class:`~lens_bias.seedprint.readings.Reading` (``readings=``; ``lens-bias descendants --out`` saves
+them), from which the default test runs without the models. With an
 activation-fitted alignment (``align="permutation" | "orthogonal" | "linear"``) each pair is judged against a
 seeds null aligned the same way: fresh random inits of the base's configuration
 (:func:`lens_bias.models.transforms.random_inits`), fingerprinted on the same inputs and cached like the models.
@@ -46,6 +48,7 @@ from lens_bias.seedprint.fingerprints import Fingerprint, FingerprintSettings, f
 from lens_bias.seedprint.lineage import COMPARE, LineageSettings, Maps, SeedPrintResult, lineage_test, mapped_inputs, through_maps
 from lens_bias.seedprint.lineage_run import LineageRun, PairNulls, renamed_prints
 from lens_bias.seedprint.nulls import AnalyticNull
+from lens_bias.seedprint.readings import Reading, saved_auto_test
 
 __all__ = ["pairwise_lineage", "LineageMatrix", "CORRECTIONS", "PAIRWISE"]
 
@@ -75,6 +78,8 @@ class LineageMatrix(Serialisable):
     # align="auto": per pair ("a\tb"), the maps read (token_source, basis_map, basis_fit) and the tables' agreement
     # (tables_z, tables_log10_p, tables_asked: between trained models the verdict needs it)
     maps: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # align="auto" on saved readings: pairs of one width not tested, since neither order's inputs were saved
+    untestable: list[tuple[str, str]] = field(default_factory=list)
 
     def to_pandas(self) -> pd.DataFrame:
         """One row per pair: τ̄, log10 p, the adjusted p, the verdict and, with labels, whether they share a base."""
@@ -108,7 +113,10 @@ class LineageMatrix(Serialisable):
     def _pairs_summary(self) -> str:
         total = len(self.names) * (len(self.names) - 1) // 2
         tested = total if self.tested is None else int(self.tested.sum().item()) // 2
-        return f"{total} pairs" if tested == total else f"{tested} pairs tested ({total - tested} of different widths are not)"
+        if tested == total:
+            return f"{total} pairs"
+        apart = f"{len(self.untestable)} without saved fingerprints on the inputs their maps ask for, " if self.untestable else ""
+        return f"{tested} pairs tested ({apart}{total - tested - len(self.untestable)} of different widths are not)"
 
     def plot(self) -> Any:
         """The pairwise −log10 p matrix (raw p, capped at 300), models ordered by family, each family outlined."""
@@ -149,6 +157,7 @@ def pairwise_lineage(
     labels: Union[Sequence[str], Mapping[str, str], None] = None,
     n_null: int = 10,
     null_fingerprints: Sequence[Fingerprint] = (),
+    readings: Mapping[str, Reading] | None = None,
     correction: str = "holm",
     cache: Union[str, Path, bool, None] = None,
     progress: bool = True,
@@ -174,6 +183,9 @@ def pairwise_lineage(
         null_fingerprints: with an alignment, the null of a saved fingerprint (which has no model to re-initialise):
             a seeds null of those of its width, less the two under test (e.g. the random inits ``lens-bias
             descendants --out`` saves).
+        readings: with saved fingerprints, each model's :class:`~lens_bias.seedprint.readings.Reading` by name (what
+            ``lens-bias descendants --out`` saves as ``readings/``), so that the default test (``"auto"``) runs on
+            them; a pair whose maps ask for inputs neither order saved is left untested (``untestable``).
         correction: "holm" (family-wise error) or "bh" (false discovery rate).
         cache: a folder for fingerprints (default ``$LENS_BIAS_CACHE/fingerprints``), or False for none.
         progress: a progress bar over the models.
@@ -192,7 +204,10 @@ def pairwise_lineage(
     if testing.align != "auto":
         check_align(testing.align)
     run = LineageRun.of(models, names, cache)
-    if testing.align == "auto" and any(isinstance(x, Fingerprint) for x in run.sources):
+    saved = readings is not None and all(name in readings for name in run.names)
+    if readings is not None and not saved:
+        raise LensBiasError(f"readings name no reading for {[n for n in run.names if n not in readings][:3]}...: give every model one, or none")
+    if testing.align == "auto" and any(isinstance(x, Fingerprint) for x in run.sources) and not saved:
         if test is not None or "align" in routed["test"]:
             raise LensBiasError("align='auto' reads each model's weights, which a saved fingerprint does not hold: pass the models, or align=None for the published test")
         testing = replace(testing, align=None)  # the default, on saved fingerprints: the published test
@@ -209,13 +224,25 @@ def pairwise_lineage(
     if len(pairs) < size * (size - 1) // 2:
         logger.info("%d of %d pairs have different widths and are not tested", size * (size - 1) // 2 - len(pairs), size * (size - 1) // 2)
     maps: dict[tuple[int, int], SeedPrintResult] = {}
+    bases: dict[tuple[int, int], str] = {}
+    untestable: list[tuple[int, int]] = []
     for i, j in tqdm(pairs, desc="pairs", disable=not progress):
-        if auto:
+        if auto and readings is not None:
+            both_trained = all(p.model.get("regime") == "trained" for p in (prints[i], prints[j]))
+            found = saved_auto_test(readings[run.names[i]], readings[run.names[j]], replace(testing, align=None), both_trained=both_trained)
+            if found is None:
+                untestable.append((i, j))
+                continue
+            res = maps[(i, j)] = found[0]
+            bases[(i, j)] = run.names[i if found[1] else j]
+        elif auto:
             res = maps[(i, j)] = _auto_pair(run, prints, prints_with, replace(testing, align=None, null=nulls.of(i, j)), i, j)
         else:
             res = lineage_test(prints[i], renamed.get((i, j), prints[j]), replace(testing, null=nulls.of(i, j)))
         tau[i, j] = tau[j, i] = res.tau_bar
         log10_p[i, j] = log10_p[j, i] = res.log10_p
+    skipped = set(untestable)
+    pairs = [pair for pair in pairs if pair not in skipped]
     adjusted_flat = [float(v) for v in adjust_p([10 ** log10_p[i, j].item() for i, j in pairs], correction)] if pairs else []
     adjusted, tested = torch.ones(size, size), torch.zeros(size, size, dtype=torch.bool)
     for (i, j), value in zip(pairs, adjusted_flat):
@@ -236,7 +263,8 @@ def pairwise_lineage(
         correction=correction, alpha=testing.alpha, align=testing.align, null=(nulls.of(*pairs[0]) if pairs else AnalyticNull()).to_dict(),
         inputs=_inputs_record(run.sources, prints, run.spec), seconds=seconds, labels=label_list, metrics=metrics,
         renamed=[(run.names[i], run.names[j]) for i, j in sorted(renamed) + sorted(k for k, r in maps.items() if r.renamed_vocabulary)], tested=tested,
-        maps={f"{run.names[i]}\t{run.names[j]}": _maps_record(res) for (i, j), res in maps.items()},
+        maps={f"{run.names[i]}\t{run.names[j]}": {**_maps_record(res), **({"base": bases[(i, j)]} if (i, j) in bases else {})} for (i, j), res in maps.items()},
+        untestable=[(run.names[i], run.names[j]) for i, j in untestable],
     )
 
 

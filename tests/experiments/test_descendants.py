@@ -24,7 +24,9 @@ from lens_bias.models import reparametrise as R
 from lens_bias.models import transforms as T
 from lens_bias.models.architectures.base import is_bias
 from lens_bias.models.parameters import parameters
+from lens_bias.seedprint import Fingerprint
 from lens_bias.seedprint.align import ALIGN_MODES
+from lens_bias.seedprint.readings import Reading
 from lens_bias.training import fine_tune
 from lens_bias.training.data import TokenData
 
@@ -230,7 +232,8 @@ def test_auc_is_the_mann_whitney_probability():
 def test_experiment_on_a_tiny_model(code_blocks, tmp_path):
     model = tiny("llama", d_vocab=1024)  # the analytic null wants N ≤ V/4 token inputs (the tiny preset's N is 256)
     before = state_copy(model)
-    result = D.real_descendants(model, "tiny", data=code_blocks, progress=False)
+    readings = {}
+    result = D.real_descendants(model, "tiny", data=code_blocks, progress=False, keep=lambda name, reading: readings.__setitem__(name, reading))
     assert_same_state(model, before)
     table, config = result.to_pandas(), D.PRESETS["tiny"]
     models = result.models
@@ -298,6 +301,26 @@ def test_experiment_on_a_tiny_model(code_blocks, tmp_path):
     assert aligned.loc[(picked[0], picked[1]), "related"] and aligned.loc[(picked[0], picked[1]), "log10_p"] < -2
     assert not aligned.loc[(picked[0], picked[2]), "related"] and not aligned.loc[(picked[2], picked[3]), "related"]
     assert main(["lineage", *picked, "--align", "permutation", "--no-progress"]) == 2  # a saved fingerprint has no model to re-initialise
+    # with each model's reading saved beside its fingerprint, the default test runs on them: every pair tested, and each
+    # base-target pair as the experiment's own "auto" test of the models (to the same p where nothing maps; through
+    # maps fitted on the float16 tables a reading keeps, to the same verdict)
+    assert set(readings) == set(result.fingerprints)
+    (tmp_path / "readings").mkdir()
+    for target, reading in readings.items():  # as lens-bias descendants --out saves them
+        reading.save(tmp_path / "readings" / f"tiny-model--{D._slug(target)}.pt")
+    assert main(["lineage", str(tmp_path / "prints"), "--labels", str(labels), "--readings", str(tmp_path / "readings"), "--ratio-k", str(config.ratio_k),
+                 "--out", str(tmp_path / "auto"), "--no-progress"]) == 0
+    saved = pd.read_csv(tmp_path / "auto" / "pairs.csv").assign(a=lambda t: t.a.str.rsplit("/", n=1).str[-1], b=lambda t: t.b.str.rsplit("/", n=1).str[-1])
+    assert saved.tested.all() and len(saved) == len(lineage)
+    with_base = saved[(saved.a == "tiny-model--base.pt") | (saved.b == "tiny-model--base.pt")]
+    with_base = with_base.set_index(with_base.a.where(with_base.b == "tiny-model--base.pt", with_base.b))
+    for target, row in auto.iterrows():
+        pair = with_base.loc[f"tiny-model--{D._slug(target)}.pt"]
+        if pair.basis_map in ("identity", "none"):
+            assert pair.log10_p == pytest.approx(row.log10_p, rel=1e-6)  # pairs.csv holds the float32 matrix
+        else:
+            assert pair.tau_bar == pytest.approx(row.tau_bar, abs=1e-3) and pair.log10_p < -10
+    assert ((saved.log10_p < -10) == saved.same_base).mean() > 0.95
 
 
 @pytest.mark.slow  # a whole tiny experiment: the fast tier keeps test_experiment_on_a_tiny_model
@@ -419,7 +442,7 @@ def test_several_families_from_the_command_line(code_blocks, tmp_path, monkeypat
 
     real = D.real_descendants
     monkeypatch.setattr(D, "load_model", loaded)
-    monkeypatch.setattr(D, "real_descendants", lambda model, config, progress: real(model, config, data=code_blocks, progress=progress))  # the blocks built
+    monkeypatch.setattr(D, "real_descendants", lambda model, config, progress, keep: real(model, config, data=code_blocks, progress=progress, keep=keep))  # the blocks built
     code = main(["descendants", "--model", "base-0", "base-2", "--preset", "tiny", "--out", str(tmp_path), "--no-progress"])
     verdicts = pd.concat([pd.read_csv(tmp_path / f / "descendants.csv", keep_default_na=False) for f in ("base-0", "base-2")])
     # exit 0 only where every verdict is the expected one (an activation-fitted mode may call a random init of a tiny
@@ -438,13 +461,35 @@ def test_several_families_from_the_command_line(code_blocks, tmp_path, monkeypat
     targets = record["tables"]["targets_base_0"]
     assert targets["columns"] == ["target", "None (published)", '"auto"', '"permutation"', '"orthogonal"', '"linear"'] and len(targets["rows"]) == 25
     assert len(list((tmp_path / "base-0" / "fingerprints").glob("base-0--*.pt"))) == 26
+    # each model's reading beside its fingerprint, under its name: what the default test reads of the saved models
+    names = sorted(p.name for p in (tmp_path / "base-0" / "fingerprints").glob("*.pt"))
+    assert sorted(p.name for p in (tmp_path / "base-0" / "readings").glob("*.pt")) == names
+    reading = Reading.load(tmp_path / "base-0" / "readings" / "base-0--base.pt")
+    assert reading.reads_drawn and torch.equal(reading.prints[0][1].features, Fingerprint.load(tmp_path / "base-0" / "fingerprints" / "base-0--base.pt").features)
     assert pd.read_csv(tmp_path / "base-2" / "fingerprints" / "labels.csv").base.eq("base-2").sum() == 16  # each family its own labels
 
     # every pair of the two families' saved models at once (examples/families_lineage.py, what families-lineage.md
     # renders): 52 models of one width; the related pairs are those within a family (16 models each)
     table, matrices = runpy.run_path(str(EXAMPLES / "families_lineage.py"))["main"]([str(tmp_path), "--results", str(tmp_path / "lineage.json")])
     assert (table.related == 2 * 16 * 15 // 2).all() and (table.related + table.unrelated == 52 * 51 // 2).all()
-    assert (table.related_found <= table.related).all() and list(table["key"]) == ["none_01", "none_05", "permutation_05", "orthogonal_05", "linear_05"]
+    assert (table.related_found <= table.related).all() and list(table["key"]) == ["auto_05", "none_01", "none_05", "permutation_05", "orthogonal_05", "linear_05"]
+    # the default test, from the saved readings: every pair tested, and each base pair as the descendants run's own
+    # "auto" test (to the same p where nothing maps)
+    assert table.untestable.tolist() == [0] * 6
+    by_auto = matrices["auto_05"].to_pandas().set_index(["a", "b"])
+    for row in pairs[(pairs["align"] == "auto") & (pairs.a == "base")].itertuples():
+        key = (f"{row.family}--base.pt", f"{row.family}--{D._slug(row.b)}.pt")
+        pair = by_auto.loc[key if key in by_auto.index else key[::-1]]
+        if pair.basis_map in ("identity", "none"):
+            assert -pair.log10_p == pytest.approx(row.score, rel=1e-6), key
+        else:
+            assert pair.log10_p < -10 and row.score > 10, key
+    record = json.loads((tmp_path / "lineage.json").read_text())
+    per_family = pd.DataFrame(record["tables"]["per_family"]["rows"], columns=record["tables"]["per_family"]["columns"])
+    pooled = per_family[per_family.family == "pooled"].set_index("test")
+    assert pooled.auc.tolist() == pytest.approx(table.auc.tolist()) and set(per_family.family) == {"base-0", "base-2", "pooled"}
+    maps = pd.DataFrame(record["tables"]["auto_maps"]["rows"], columns=record["tables"]["auto_maps"]["columns"])
+    assert maps["count"].sum() == 52 * 51 // 2 and set(maps.pairs) == {"related", "unrelated"}
     # the all-pairs published test at the descendants' m is the descendants run's own test of each base pair
     published = matrices["none_05"].to_pandas().set_index(["a", "b"]).log10_p
     own = pairs[(pairs["align"] == "None") & (pairs.a == "base") & pairs.related.astype(bool)]
@@ -455,7 +500,7 @@ def test_several_families_from_the_command_line(code_blocks, tmp_path, monkeypat
     assert json.loads((tmp_path / "lineage.json").read_text())["numbers"]["tests.none_05.related_found"] == table.set_index("key").related_found["none_05"]
     # which descendants each test leaves outside its base's family: read again from each test's own families
     apart = json.loads((tmp_path / "lineage.json").read_text())["tables"]["apart"]
-    assert len(apart["rows"]) == 5 * 2
+    assert len(apart["rows"]) == 6 * 2
     for row in (dict(zip(apart["columns"], r)) for r in apart["rows"]):
         key = next(k for k, label in zip(table["key"], table["mode"] + ", m " + table["m"]) if label == row["test"])
         family = next(f for f in matrices[key].families if f"{row['base']}--base.pt" in f)

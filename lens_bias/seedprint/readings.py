@@ -1,0 +1,174 @@
+"""``compare``'s default test (``align="auto"``) between models known only by what a run saved of them.
+
+``"auto"`` reads the token and basis maps from the two models' embedding tables, and a pair whose token map changes
+the inputs is fingerprinted on the tokens it maps to. A saved fingerprint holds neither, so a lineage run over saved
+fingerprints alone can only run the published test. A :class:`Reading` keeps what ``"auto"`` needs of one model:
+its embedding table (float16, as the fingerprint cache keeps it) and its tokenizer's vocabulary, and its
+fingerprints each with the tokens it read (a renamed descendant's on the base's tokens renamed, and on the drawn IDs
+themselves). :func:`saved_auto_test` then tests a pair as ``compare`` would, on the saved fingerprints whose inputs
+are those the maps ask for, and says so where none are.
+
+``lens-bias descendants --out DIR`` writes one reading per model (``DIR/readings/FAMILY--TARGET.pt``, beside
+``DIR/fingerprints/FAMILY--TARGET.pt``); :func:`~lens_bias.seedprint.pairwise_lineage` takes them as ``readings=``.
+
+>>> import lens_bias
+>>> from lens_bias.models.reparametrise import rename_vocabulary, rotate_residual
+>>> from lens_bias.seedprint import FingerprintSettings, fingerprint
+>>> base = lens_bias.random_init("llama", d_model=32, n_layers=1, n_heads=4, d_vocab=300, n_ctx=8)
+>>> disguised = rename_vocabulary(rotate_residual(base, seed=1), seed=2)
+>>> fp_base = fingerprint(base, FingerprintSettings(n=128, seq_len=8), progress=False)
+>>> drawn = drawn_tokens(fp_base)
+>>> renamed = disguised.lens_bias_vocabulary[drawn]  # the base's tokens under the disguised model's IDs
+>>> fp_disguised = fingerprint(disguised, FingerprintSettings(n=128, seq_len=8), inputs=renamed, progress=False)
+>>> readings = Reading.of(base, [(drawn, fp_base)]), Reading.of(disguised, [(renamed, fp_disguised)])
+>>> result, base_first = saved_auto_test(*readings, LineageSettings(m=16))
+>>> base_first, result.token_source, result.basis_map, result.p < 1e-10
+(True, 'weights', 'orthogonal', True)
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence, Union
+
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+from lens_bias.core.errors import LensBiasError
+from lens_bias.core.files import atomic_save, load_torch_file
+from lens_bias.seedprint.correspondence import Embedding
+from lens_bias.seedprint.fingerprints import Fingerprint, FingerprintSettings, regenerate_inputs
+from lens_bias.seedprint.lineage import LineageSettings, Maps, SeedPrintResult, mapped_inputs, through_maps
+
+__all__ = ["Reading", "ReadingFiles", "saved_auto_test", "drawn_tokens"]
+
+FORMAT = "lens_bias.Reading/1"
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What ``align="auto"`` reads of one model, kept so that its pairs are tested without the model."""
+
+    embedding: Embedding  # the token table in float16 (as FingerprintCache keeps it) and the tokenizer's vocabulary
+    prints: tuple[tuple[Int[Tensor, "n seq"], Fingerprint], ...]  # each fingerprint with the token IDs it read
+    # each ID's class of identical embedding rows (float32, before the float16 copy): two IDs of one class give the
+    # model one input, so a fingerprint made on either serves both (a real vocabulary repeats rows, e.g. unused tokens)
+    rows: Int[Tensor, "d_vocab"]
+
+    @classmethod
+    def of(cls, model: Any, prints: Sequence[tuple[Tensor, Fingerprint]]) -> "Reading":
+        """``model``'s reading, with its fingerprints (each with the ``[n, seq_len]`` token IDs it was made on)."""
+        made = Embedding.of(model)
+        if not prints:
+            raise LensBiasError("a Reading needs at least one fingerprint with the tokens it was made on")
+        rows = torch.unique(made.table, dim=0, return_inverse=True)[1]
+        return cls(Embedding(made.table.half(), made.words), tuple((tokens.cpu().long(), fp) for tokens, fp in prints), rows)
+
+    def on(self, tokens: Int[Tensor, "n seq"]) -> Fingerprint | None:
+        """The fingerprint made on ``tokens`` (or on IDs of the same embedding rows), or None."""
+        for read, fp in self.prints:
+            if read.shape == tokens.shape and torch.equal(self.rows[read], self.rows[tokens]):
+                return fp
+        return None
+
+    @property
+    def drawn(self) -> Int[Tensor, "n seq"] | None:
+        """The token IDs its fingerprints' record draws (that of the first with a seed), or None."""
+        return next((drawn_tokens(fp) for _, fp in self.prints if fp.inputs.get("kind") == "tokens" and fp.inputs.get("seed") is not None), None)
+
+    @property
+    def reads_drawn(self) -> bool:
+        """Whether its first fingerprint read the drawn IDs themselves (not, as a renamed model's, the base's renamed)."""
+        drawn = self.drawn
+        return drawn is not None and torch.equal(self.prints[0][0], drawn)
+
+    def save(self, path: Union[str, Path]) -> None:
+        """Write to ``path`` (tensors and plain values only), atomically."""
+        prints = [(tokens, {"format": Fingerprint.FORMAT, **asdict(fp)}) for tokens, fp in self.prints]
+        atomic_save({"format": FORMAT, "table": self.embedding.table, "words": self.embedding.words, "rows": self.rows, "prints": prints}, path)
+
+    @classmethod
+    def load(cls, path: Union[str, Path]) -> "Reading":
+        """Read a reading written by :meth:`save`."""
+        data = load_torch_file(path, "reading", "write one with lens-bias descendants --out or Reading.save")
+        if data.get("format") != FORMAT:
+            raise LensBiasError(f"{path} is not a lens_bias reading ({FORMAT}); write one with lens-bias descendants --out or Reading.save")
+        prints = tuple((tokens, Fingerprint(**{k: v for k, v in fp.items() if k != "format"})) for tokens, fp in data["prints"])
+        return cls(Embedding(data["table"], data["words"]), prints, data["rows"])
+
+
+class ReadingFiles(Mapping[str, Reading]):
+    """Readings by model name, read from files when first asked for; the last ``hold`` read are kept in memory (a
+    real model's table is hundreds of MB, and a lineage run asks for one width's models at a time).
+
+    Args:
+        files: each model's reading file, by the name the lineage run knows the model by.
+        hold: readings kept in memory at once.
+    """
+
+    def __init__(self, files: Mapping[str, Union[str, Path]], hold: int = 32):
+        self.files, self.hold, self.held = {name: Path(f) for name, f in files.items()}, hold, OrderedDict[str, Reading]()
+
+    def __getitem__(self, name: str) -> Reading:
+        if name not in self.held:
+            self.held[name] = Reading.load(self.files[name])
+            while len(self.held) > self.hold:
+                self.held.popitem(last=False)
+        self.held.move_to_end(name)
+        return self.held[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.files)
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    @classmethod
+    def beside(cls, models: Sequence[str], folders: Sequence[Union[str, Path]], hold: int = 32) -> "ReadingFiles":
+        """The readings of saved fingerprint files ``models``, found in ``folders`` under the same file names."""
+        found = {p.name: p for folder in folders for p in Path(folder).glob("*.pt")}
+        missing = [name for name in models if Path(name).name not in found]
+        if missing:
+            raise LensBiasError(f"{', '.join(map(str, folders))} hold no reading named like {missing[:3]}: pass the readings folder of every model's run")
+        return cls({name: found[Path(name).name] for name in models}, hold)
+
+
+def drawn_tokens(fp: Fingerprint) -> Int[Tensor, "n seq"]:
+    """The token IDs a fingerprint's record draws (for a renamed suspect's, the base's IDs before the renaming)."""
+    return regenerate_inputs(fp)[0:fp.n]
+
+
+def saved_auto_test(a: Reading, b: Reading, test: LineageSettings, *, both_trained: bool = False) -> tuple[SeedPrintResult, bool] | None:
+    """``compare(a, b)``'s default test from two readings: the maps read from their tables, the pair tested on the
+    saved fingerprints made on the inputs the maps ask for (:func:`~lens_bias.seedprint.lineage.mapped_inputs`).
+
+    ``compare`` draws its tokens in the base's vocabulary, so which model is the base decides the inputs: a model
+    whose first fingerprint read the drawn IDs themselves (:attr:`Reading.reads_drawn`) is tried as the base first.
+
+    Args:
+        a: one model's reading.
+        b: the other's.
+        test: the published test run after the maps (its ``align`` is ignored).
+        both_trained: whether both models are trained (the verdict then asks their tables to agree).
+
+    Returns:
+        The result and whether ``a`` was the base; None where neither order has saved fingerprints on its inputs.
+    """
+    orders = [(a, b, True), (b, a, False)]
+    if b.reads_drawn and not a.reads_drawn:
+        orders.reverse()
+    for base, suspect, a_first in orders:
+        drawn = base.drawn
+        if drawn is None:
+            raise LensBiasError("saved_auto_test needs each reading to hold a fingerprint made on drawn token inputs (inputs='tokens'), whose record says what compare draws")
+        record = next(fp.inputs for _, fp in base.prints if fp.inputs.get("seed") is not None)
+        settings = FingerprintSettings(n=record["n"], seq_len=record["seq_len"], seed=record["seed"], vocab=record["vocab"])
+        maps = Maps.read(base.embedding, suspect.embedding)
+        read_a, read_b = mapped_inputs(maps, settings) or (drawn, drawn)
+        fp_a, fp_b = base.on(read_a), suspect.on(read_b)
+        if fp_a is not None and fp_b is not None:
+            return through_maps(maps, fp_a, fp_b, test, both_trained), a_first
+    return None
