@@ -17,13 +17,12 @@ test runs on the other half, so an alignment that overfits unrelated models show
 from __future__ import annotations
 
 import argparse
-import sys
 
 import pandas as pd
 
 import lens_bias
 from lens_bias import seedprint
-from lens_bias.core.provenance import tables_record, write_results
+from lens_bias.core.provenance import command_line, tables_record, write_results
 
 
 def main(argv: list[str] | None = None) -> pd.DataFrame:
@@ -49,7 +48,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     if args.results:  # the docs render their numbers from it (docs/render.py)
         formats = {"fpr": ".1%", "median_tau_bar": ".4f", "median_log10_p": ".2f"}
         keys = ["inputs", "null"] if args.aligns is None else ["inputs", "align", "null"]
-        command = " ".join(["python examples/calibration.py", *(argv if argv is not None else sys.argv[1:])])
+        command = command_line(__file__, argv)
         write_results(args.results, tables_record({"calibration": table}, {"calibration": keys}, formats,
                                                   ("examples/calibration.py", "lens_bias/seedprint"), command))
     return table

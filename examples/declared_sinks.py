@@ -12,13 +12,12 @@ GPT-OSS is bridged on TransformerLens 4 only.
 from __future__ import annotations
 
 import argparse
-import sys
 
 import pandas as pd
 
 import lens_bias
 from lens_bias.analyses.sink_attribution import sink_attribution
-from lens_bias.core.provenance import tables_record, write_results
+from lens_bias.core.provenance import command_line, tables_record, write_results
 from tests.analyses.test_declared_sinks import TOKENS, tiny_gpt_oss
 
 
@@ -38,7 +37,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         headline = sinks.headline()
         numbers = {key: headline[key] for key in ("learned_sink_share", "first_token_mass", "learned_sink_rate", "sink_rate_0")}
         numbers |= {"heads_dominated": len(sinks.learned_dominates()), "heads": sinks.learned_share().numel()}
-        command = " ".join(["python -m examples.declared_sinks", *(argv if argv is not None else sys.argv[1:])])
+        command = command_line(__file__, argv, module="examples.declared_sinks")
         depends = ("examples/declared_sinks.py", "analyses/sinks.py", "analyses/sink_attribution.py", "tests/analyses/test_declared_sinks.py")
         write_results(args.results, tables_record({"conditions": attribution.drop(columns=["edit"])}, {"conditions": ["condition"]}, {},
                                                   depends, command, numbers=numbers))

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 import time
 from pathlib import Path
 
 import pandas as pd
 
-from lens_bias.core.provenance import tables_record, write_results
+from lens_bias.core.provenance import command_line, tables_record, write_results
 from lens_bias.experiments.descendants import lineage_metrics
 from lens_bias.seedprint import Fingerprint, LineageMatrix, pairwise_lineage
 from lens_bias.seedprint.readings import ReadingFiles
@@ -76,7 +75,7 @@ def main(argv: list[str] | None = None) -> tuple[pd.DataFrame, dict[str, Lineage
         bases = sum(name.endswith("--base.pt") for name in names)
         numbers = {"models": len(files), "bases": bases, "descendants": len(files) - bases - len(randoms), "random_inits": len(randoms),
                    "pairs": int(len(pairs)), "pairs_across_widths": len(files) * (len(files) - 1) // 2 - int(len(pairs))}  # pairs tested: of one width
-        command = " ".join(["python examples/families_lineage.py", *(argv if argv is not None else sys.argv[1:])])
+        command = command_line(__file__, argv)
         per_family = pd.concat(metrics, ignore_index=True)
         write_results(args.results, tables_record({"tests": table, "apart": pd.DataFrame(apart), "per_family": per_family, "auto_maps": maps},
                                                   {"tests": ["key"], "apart": ["test", "base"], "per_family": ["test", "family"],

@@ -13,7 +13,6 @@ Sections 2 and 3 of ``docs/experiments/families-sinks.md`` are these four runs:
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
 import pandas as pd
@@ -21,7 +20,7 @@ import torch
 
 import lens_bias
 from lens_bias.core.inputs import text_tokens
-from lens_bias.core.provenance import tables_record, write_results
+from lens_bias.core.provenance import command_line, tables_record, write_results
 
 SECTIONS = ["sinks", "super_neurons", "massive_activations", "super_weights"]
 
@@ -76,7 +75,7 @@ def main(argv: list[str] | None = None) -> dict[str, pd.DataFrame]:
         print(f"{name}\n{frame.to_string()}\n")
     print("\n".join(f"{key}: {value}" for key, value in numbers.items()))
     if args.results:  # docs/render.py renders sections 2 and 3 from it
-        command = " ".join(["python examples/family_anatomy.py", *(argv if argv is not None else sys.argv[1:])])
+        command = command_line(__file__, argv)
         keys = {name: ["link"] if name == "anatomy" else ["layer"] for name in tables}
         formats = {"attn_write": ".4g", "mlp_write": ".4g", "resid_after": ".4g", "gain": ".3g", "median_abs_gain": ".3g"}
         write_results(args.results, tables_record(tables, keys, formats, ("examples/family_anatomy.py", "analyses", "lens_bias/report/anatomy.py"),

@@ -7,6 +7,7 @@ import json
 import math
 import platform
 import re
+import shlex
 import sys
 import time
 from datetime import datetime, timezone
@@ -17,7 +18,7 @@ from typing import Any, Mapping, Sequence, Union
 import pandas as pd
 import torch
 
-__all__ = ["provenance", "versions", "machine", "source_hash", "run_hash", "results_record", "tables_record", "table_of", "numbers_of", "write_results"]
+__all__ = ["provenance", "versions", "machine", "command_line", "source_hash", "run_hash", "results_record", "tables_record", "table_of", "numbers_of", "write_results"]
 
 # the packages whose versions a number depends on
 PACKAGES = ("lens_bias", "torch", "transformer-lens", "transformers")
@@ -55,6 +56,23 @@ REPOSITORY = Path(__file__).resolve().parents[2]  # the checkout an editable ins
 # after it did not run, whatever its hash says when the results are written
 _IMPORTED = time.time()
 EDITED_DURING_RUN = "edited during the run"
+
+
+def command_line(script: Union[str, Path], args: Sequence[str] | None = None, *, module: str | None = None) -> str:
+    """The shell command that runs ``script`` with ``args`` (default: this process's arguments), the script named
+    relative to the repository (a results file names no machine's paths) and each argument quoted; with ``module``,
+    ``python -m module`` instead (a script that imports from the checkout's tests).
+
+    >>> command_line(REPOSITORY / "examples" / "calibration.py", ["--pairs", "100", "--results", "a b.json"])
+    "python examples/calibration.py --pairs 100 --results 'a b.json'"
+    """
+    rest = sys.argv[1:] if args is None else list(args)
+    if module is not None:
+        head = ["python", "-m", module]
+    else:
+        path = Path(script).resolve()
+        head = ["python", str(path.relative_to(REPOSITORY) if path.is_relative_to(REPOSITORY) else Path(path.name))]
+    return " ".join([*head, *map(shlex.quote, rest)])
 
 
 def _files(path: str, root: Path) -> list[Path]:
