@@ -98,11 +98,14 @@ def _per_family(key: str, pairs: pd.DataFrame, alpha: float) -> pd.DataFrame:
 
 
 def _maps(pairs: pd.DataFrame) -> pd.DataFrame:
-    """What ``"auto"`` read, per kind of pair (related or not) and maps: how many pairs, and the basis maps' fits."""
+    """What ``"auto"`` read, per kind of pair (related or not) and maps: how many pairs, how many it called related,
+    the basis maps' fits, and the fewest inputs a pair was tested on (fewer than all where its token map pairs some
+    token otherwise than the map a saved fingerprint was made through: ``readings.MIN_SHARE``)."""
     kinds = pairs.assign(pairs=pairs.same_base.map({True: "related", False: "unrelated"}))
     return (kinds.groupby(["pairs", "token_source", "basis_map"]).agg(count=("a", "size"), called_related=("related", "sum"),
-                                                                     smallest_fit=("basis_fit", "min"), largest_fit=("basis_fit", "max"))
-            .reset_index().astype({"called_related": int}))
+                                                                     smallest_fit=("basis_fit", "min"), largest_fit=("basis_fit", "max"),
+                                                                     fewest_inputs=("inputs", "min"))
+            .reset_index().astype({"called_related": int, "fewest_inputs": int}))
 
 
 def _apart(mode: str, m: str, families: list[list[str]], labels: dict[str, str], descended: set[str]) -> list[dict]:

@@ -76,7 +76,8 @@ class LineageMatrix(Serialisable):
     renamed: list[tuple[str, str]] = field(default_factory=list)  # (a, b): b's vocabulary is a's renamed, so b read a's tokens renamed
     tested: Bool[Tensor, "m m"] | None = None  # pairs tested (models of different widths are not)
     # align="auto": per pair ("a\tb"), the maps read (token_source, basis_map, basis_fit) and the tables' agreement
-    # (tables_z, tables_log10_p, tables_asked: between trained models the verdict needs it)
+    # (tables_z, tables_log10_p, tables_asked: between trained models the verdict needs it); on saved readings also
+    # which model was the base and how many inputs the pair was tested on (readings.MIN_SHARE)
     maps: dict[str, dict[str, Any]] = field(default_factory=dict)
     # align="auto" on saved readings: pairs of one width not tested, since neither order's inputs were saved
     untestable: list[tuple[str, str]] = field(default_factory=list)
@@ -263,7 +264,7 @@ def pairwise_lineage(
         correction=correction, alpha=testing.alpha, align=testing.align, null=(nulls.of(*pairs[0]) if pairs else AnalyticNull()).to_dict(),
         inputs=_inputs_record(run.sources, prints, run.spec), seconds=seconds, labels=label_list, metrics=metrics,
         renamed=[(run.names[i], run.names[j]) for i, j in sorted(renamed) + sorted(k for k, r in maps.items() if r.renamed_vocabulary)], tested=tested,
-        maps={f"{run.names[i]}\t{run.names[j]}": {**_maps_record(res), **({"base": bases[(i, j)]} if (i, j) in bases else {})} for (i, j), res in maps.items()},
+        maps={f"{run.names[i]}\t{run.names[j]}": {**_maps_record(res), **({"base": bases[(i, j)], "inputs": res.n} if (i, j) in bases else {})} for (i, j), res in maps.items()},
         untestable=[(run.names[i], run.names[j]) for i, j in untestable],
     )
 

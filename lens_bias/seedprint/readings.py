@@ -29,12 +29,12 @@ are those the maps ask for, and says so where none are.
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence, Union
 
 import torch
-from jaxtyping import Int
+from jaxtyping import Bool, Int
 from torch import Tensor
 
 from lens_bias.core.errors import LensBiasError
@@ -43,7 +43,7 @@ from lens_bias.seedprint.correspondence import Embedding
 from lens_bias.seedprint.fingerprints import Fingerprint, FingerprintSettings, regenerate_inputs
 from lens_bias.seedprint.lineage import LineageSettings, Maps, SeedPrintResult, mapped_inputs, through_maps
 
-__all__ = ["Reading", "ReadingFiles", "saved_auto_test", "drawn_tokens"]
+__all__ = ["Reading", "ReadingFiles", "saved_auto_test", "drawn_tokens", "MIN_SHARE"]
 
 FORMAT = "lens_bias.Reading/1"
 
@@ -69,10 +69,19 @@ class Reading:
 
     def on(self, tokens: Int[Tensor, "n seq"]) -> Fingerprint | None:
         """The fingerprint made on ``tokens`` (or on IDs of the same embedding rows), or None."""
+        found = self.most(tokens)
+        return found[0] if found is not None and bool(found[1].all()) else None
+
+    def most(self, tokens: Int[Tensor, "n seq"]) -> tuple[Fingerprint, Bool[Tensor, "n"]] | None:
+        """The fingerprint that read ``tokens`` on the most inputs, and which inputs (an input counts where every
+        position reads the same embedding row); None where none was made on as many inputs."""
+        best = None
         for read, fp in self.prints:
-            if read.shape == tokens.shape and torch.equal(self.rows[read], self.rows[tokens]):
-                return fp
-        return None
+            if read.shape == tokens.shape:
+                same = (self.rows[read] == self.rows[tokens]).all(dim=1)
+                if best is None or int(same.sum()) > int(best[1].sum()):
+                    best = (fp, same)
+        return best
 
     @property
     def drawn(self) -> Int[Tensor, "n seq"] | None:
@@ -155,7 +164,8 @@ def saved_auto_test(a: Reading, b: Reading, test: LineageSettings, *, both_train
         both_trained: whether both models are trained (the verdict then asks their tables to agree).
 
     Returns:
-        The result and whether ``a`` was the base; None where neither order has saved fingerprints on its inputs.
+        The result (``n``: the inputs it was tested on) and whether ``a`` was the base; None where neither order has
+        saved fingerprints on at least :data:`MIN_SHARE` of the inputs its maps ask for.
     """
     orders = [(a, b, True), (b, a, False)]
     if b.reads_drawn and not a.reads_drawn:
@@ -168,7 +178,30 @@ def saved_auto_test(a: Reading, b: Reading, test: LineageSettings, *, both_train
         settings = FingerprintSettings(n=record["n"], seq_len=record["seq_len"], seed=record["seed"], vocab=record["vocab"])
         maps = Maps.read(base.embedding, suspect.embedding)
         read_a, read_b = mapped_inputs(maps, settings) or (drawn, drawn)
-        fp_a, fp_b = base.on(read_a), suspect.on(read_b)
-        if fp_a is not None and fp_b is not None:
-            return through_maps(maps, fp_a, fp_b, test, both_trained), a_first
+        found_a, found_b = base.most(read_a), suspect.most(read_b)
+        if found_a is None or found_b is None:
+            continue
+        (fp_a, same_a), (fp_b, same_b) = found_a, found_b
+        kept = same_a & same_b
+        if int(kept.sum()) >= MIN_SHARE * len(kept):
+            return through_maps(maps, *_on_inputs(fp_a, fp_b, kept), test, both_trained), a_first
     return None
+
+
+MIN_SHARE = 0.5
+"""The share of the inputs a pair is tested on at least: where the token map pairs a token differently from the map a
+saved fingerprint was made through (two near-identical rows of a quantised table, say), the inputs that hold it are
+left out; the test is the published test on the rest, chosen by the tokens alone, before any feature is read."""
+
+
+def _on_inputs(fp_a: Fingerprint, fp_b: Fingerprint, kept: Bool[Tensor, "n"]) -> tuple[Fingerprint, Fingerprint]:
+    """The two fingerprints on the inputs ``kept``, under one input record (the readings' rows showed that they read
+    the same inputs; their own records differ where one was made on a tensor of IDs, the other on drawn ones)."""
+    record = {**fp_a.inputs, "n": int(kept.sum())} if not bool(kept.all()) else fp_a.inputs
+    if not bool(kept.all()):
+        record["digest"] = f"{fp_a.inputs.get('digest')}[{int(kept.sum())} of {len(kept)} inputs]"
+
+    def rows(fp: Fingerprint) -> Fingerprint:
+        return replace(fp, features=fp.features[kept], normalized=None if fp.normalized is None else fp.normalized[kept], inputs=record)
+
+    return rows(fp_a), rows(fp_b)

@@ -490,6 +490,7 @@ def test_several_families_from_the_command_line(code_blocks, tmp_path, monkeypat
     assert pooled.auc.tolist() == pytest.approx(table.auc.tolist()) and set(per_family.family) == {"base-0", "base-2", "pooled"}
     maps = pd.DataFrame(record["tables"]["auto_maps"]["rows"], columns=record["tables"]["auto_maps"]["columns"])
     assert maps["count"].sum() == 52 * 51 // 2 and set(maps.pairs) == {"related", "unrelated"}
+    assert maps.fewest_inputs.between(D.PRESETS["tiny"].n // 2, D.PRESETS["tiny"].n).all()  # readings.MIN_SHARE of the inputs at least
     # the all-pairs published test at the descendants' m is the descendants run's own test of each base pair
     published = matrices["none_05"].to_pandas().set_index(["a", "b"]).log10_p
     own = pairs[(pairs["align"] == "None") & (pairs.a == "base") & pairs.related.astype(bool)]

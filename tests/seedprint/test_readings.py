@@ -14,6 +14,7 @@ from lens_bias import seedprint as sp
 from lens_bias.models.parameters import copy_model
 from lens_bias.models.reparametrise import rename_vocabulary, rotate_residual
 from lens_bias.models.transforms import quantize
+from lens_bias.seedprint.lineage import Maps, through_maps
 from lens_bias.seedprint.readings import Reading, ReadingFiles, drawn_tokens, saved_auto_test
 
 SPEC = lens_bias.ModelSpec("llama", d_model=32, n_layers=2, n_heads=4, d_vocab=1200, n_ctx=16, seed=1)  # n <= V/4: the analytic null holds
@@ -108,3 +109,27 @@ def test_a_reading_survives_its_file(readings, tmp_path):
     readings["base"].prints[0][1].save(tmp_path / "fingerprint.pt")
     with pytest.raises(LensBiasError, match="is not a lens_bias reading"):
         Reading.load(tmp_path / "fingerprint.pt")
+
+
+def test_inputs_a_pair_maps_otherwise_are_left_out(readings):
+    """Where the pair's token map pairs a token otherwise than the map a saved fingerprint was made through, the
+    inputs holding it are left out and the rest tested; below MIN_SHARE of the inputs the pair is untestable."""
+    (drawn, fp_drawn), (renamed, fp_renamed) = readings["disguised"].prints
+    full, _ = saved_auto_test(readings["base"], readings["disguised"], TEST)
+    for moved, tested in ((3, True), (200, False)):
+        other = renamed.clone()
+        other[:moved, 0] = (other[:moved, 0] + 1) % SPEC.d_vocab  # rows of another token: no longer what the maps ask for
+        partial = dataclasses.replace(readings["disguised"], prints=((drawn, fp_drawn), (other, fp_renamed)))
+        found = saved_auto_test(readings["base"], partial, TEST)
+        assert (found is not None) == tested
+        if tested:
+            result = found[0]
+            assert result.n == full.n - moved and result.log10_p < -10 and result.renamed_vocabulary
+            kept = torch.arange(full.n) >= moved  # the same test of the inputs left, through the same maps
+            maps = Maps.read(readings["base"].embedding, readings["disguised"].embedding)
+            direct = through_maps(maps, _rows(readings["base"].prints[0][1], kept), _rows(fp_renamed, kept), TEST, False)
+            assert (direct.log10_p, direct.tau_bar) == (result.log10_p, result.tau_bar)
+
+
+def _rows(fp, kept):
+    return dataclasses.replace(fp, features=fp.features[kept], normalized=None if fp.normalized is None else fp.normalized[kept])
