@@ -79,7 +79,8 @@ class LineageMatrix(Serialisable):
     # (tables_z, tables_log10_p, tables_asked: between trained models the verdict needs it); on saved readings also
     # which model was the base and how many inputs the pair was tested on (readings.MIN_SHARE)
     maps: dict[str, dict[str, Any]] = field(default_factory=dict)
-    # align="auto" on saved readings: pairs of one width not tested, since neither order's inputs were saved
+    # align="auto" on saved readings: pairs of one width not tested, since neither order has saved fingerprints on enough
+    # of the inputs its maps ask for (readings.MIN_SHARE)
     untestable: list[tuple[str, str]] = field(default_factory=list)
 
     def to_pandas(self) -> pd.DataFrame:
@@ -186,7 +187,8 @@ def pairwise_lineage(
             descendants --out`` saves).
         readings: with saved fingerprints, each model's :class:`~lens_bias.seedprint.readings.Reading` by name (what
             ``lens-bias descendants --out`` saves as ``readings/``), so that the default test (``"auto"``) runs on
-            them; a pair whose maps ask for inputs neither order saved is left untested (``untestable``).
+            them; a pair whose maps ask for inputs neither order saved (:func:`~lens_bias.seedprint.readings.saved_auto_test`)
+            is left untested (``untestable``).
         correction: "holm" (family-wise error) or "bh" (false discovery rate).
         cache: a folder for fingerprints (default ``$LENS_BIAS_CACHE/fingerprints``), or False for none.
         progress: a progress bar over the models.
