@@ -285,7 +285,7 @@ def _reading(target: Any, made: list[tuple[Tensor, seedprint.Fingerprint]], want
     for tokens in wanted:
         if reading.on(tokens) is None:
             drawn = reading.drawn is not None and torch.equal(tokens, reading.drawn)
-            fp = seedprint.fingerprint(target, _prints(cfg), progress=False, **({} if drawn else {"inputs": tokens}))
+            fp = seedprint.fingerprint(target, _prints(cfg), progress=False) if drawn else seedprint.fingerprint(target, _prints(cfg), inputs=tokens, progress=False)
             reading = replace(reading, prints=(*reading.prints, (tokens, fp)))
     return reading
 
