@@ -74,7 +74,7 @@ class Reading:
 
     def most(self, tokens: Int[Tensor, "n seq"]) -> tuple[Fingerprint, Bool[Tensor, "n"]] | None:
         """The fingerprint that read ``tokens`` on the most inputs, and which inputs (an input counts where every
-        position reads the same embedding row); None where none was made on as many inputs."""
+        position reads the same embedding row); None where none was made on inputs of that shape."""
         best = None
         for read, fp in self.prints:
             if read.shape == tokens.shape:
