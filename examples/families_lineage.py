@@ -12,7 +12,6 @@ fingerprints with the tokens they read: :mod:`lens_bias.seedprint.readings`), fr
 from __future__ import annotations
 
 import argparse
-import math
 import time
 from pathlib import Path
 
@@ -63,7 +62,7 @@ def main(argv: list[str] | None = None) -> tuple[pd.DataFrame, dict[str, Lineage
                      "unrelated_called": int((pairs.related & ~same).sum()), "unrelated": int((~same).sum()),
                      "untestable": len(result.untestable), "families": len(result.families), "seconds": time.perf_counter() - began})
         apart += _apart(rows[-1]["mode"], rows[-1]["m"], result.families, labels, {n for n in names if labels[n] != n})
-        metrics.append(_per_family(key, pairs, result.alpha))
+        metrics.append(_per_family(key, pairs))
         if mode == "auto":
             maps = _maps(pairs)
         if mode == FIGURE_MODE and args.figure:
@@ -86,11 +85,11 @@ def main(argv: list[str] | None = None) -> tuple[pd.DataFrame, dict[str, Lineage
     return table, matrices
 
 
-def _per_family(key: str, pairs: pd.DataFrame, alpha: float) -> pd.DataFrame:
+def _per_family(key: str, pairs: pd.DataFrame) -> pd.DataFrame:
     """One test's metrics per family (a family's base, descendants and random inits: one width) and pooled, with the
     FPR measured at α (unrelated pairs at raw p < α). A pair whose tables overrule its p (``"auto"`` between trained
     models) scores as p = 1, as its verdict does."""
-    overruled = pairs.get("tables_asked", False) & (pairs.get("tables_log10_p", pd.Series(math.nan, index=pairs.index)) >= math.log10(alpha))
+    overruled = pairs.get("tables_disagree", pd.Series(False, index=pairs.index)).eq(True)
     scored = pairs.assign(family=pairs.a.str.split("--").str[0], align=key, related=pairs.same_base,
                           score=(-pairs.log10_p).where(~overruled, 0.0), p=(10.0 ** pairs.log10_p).where(~overruled, 1.0))
     table = lineage_metrics(scored).rename(columns={"align": "test"})

@@ -231,12 +231,16 @@ def real_descendants(
         name = f"random init {seed}"
         prints[name] = seedprint.fingerprint(fresh, _prints(cfg), progress=False)
         randoms[name] = seed
+        reading = None
         if keep is not None:
-            keep(name, _reading(fresh, [(drawn_tokens(base), prints[name])], shared, cfg))
+            keep(name, reading := _reading(fresh, [(drawn_tokens(base), prints[name])], shared, cfg))
         if auto:
             autos[name] = _auto(model, Maps.read(read, fresh), fresh, base, prints[name], cfg)
-            drawn = Embedding.of(fresh)
-            embeddings[name] = Embedding(drawn.table.half(), drawn.words)
+            if reading is not None:  # its table is already the float16 copy
+                embeddings[name] = reading.embedding
+            else:
+                drawn = Embedding.of(fresh)
+                embeddings[name] = Embedding(drawn.table.half(), drawn.words)
         rows.append({"target": name, "kind": "random init", "weight_change": float("nan"), "eval_loss": float("nan"), "seconds": time.perf_counter() - began})
         began = time.perf_counter()
         bar.update()
@@ -543,11 +547,11 @@ class DescendantsExperiment(Experiment):
             folder = (Path(args.out) if len(args.model) == 1 else Path(args.out) / _slug(family)) if args.out else None
 
             def keep(target: str, reading: Reading, folder: Path | None = folder, family: str = family) -> None:
-                if folder is not None:  # beside the fingerprints, under the same names: what "auto" reads of each model
-                    (folder / "readings").mkdir(parents=True, exist_ok=True)
-                    reading.save(folder / "readings" / f"{_slug(family)}--{_slug(target)}.pt")
+                assert folder is not None  # passed only with --out: beside the fingerprints, under the same names
+                (folder / "readings").mkdir(parents=True, exist_ok=True)
+                reading.save(folder / "readings" / f"{_slug(family)}--{_slug(target)}.pt")
 
-            results[family] = result = real_descendants(load_model(text), config, progress=not args.no_progress, keep=keep)
+            results[family] = result = real_descendants(load_model(text), config, progress=not args.no_progress, keep=keep if folder is not None else None)
             if folder is not None:
                 result.table.to_csv(folder / "descendants.csv", index=False)
                 result.pairs.to_csv(folder / "pairs.csv", index=False)

@@ -76,7 +76,8 @@ class LineageMatrix(Serialisable):
     renamed: list[tuple[str, str]] = field(default_factory=list)  # (a, b): b's vocabulary is a's renamed, so b read a's tokens renamed
     tested: Bool[Tensor, "m m"] | None = None  # pairs tested (models of different widths are not)
     # align="auto": per pair ("a\tb"), the maps read (token_source, basis_map, basis_fit) and the tables' agreement
-    # (tables_z, tables_log10_p, tables_asked: between trained models the verdict needs it); on saved readings also
+    # (tables_z, tables_log10_p, tables_asked: between trained models the verdict needs it; tables_disagree: they
+    # overrule p); on saved readings also
     # which model was the base and how many inputs the pair was tested on (readings.MIN_SHARE)
     maps: dict[str, dict[str, Any]] = field(default_factory=dict)
     # align="auto" on saved readings: pairs of one width not tested, since neither order has saved fingerprints on enough
@@ -290,7 +291,7 @@ def _maps_record(res: SeedPrintResult) -> dict[str, Any]:
     """What "auto" read for one pair, as plain values (pairs.csv's columns)."""
     tables = res.tables
     return {"token_source": res.token_source, "basis_map": res.basis_map, "basis_fit": res.basis_fit, "tables_z": None if tables is None else tables.z,
-            "tables_log10_p": None if tables is None else tables.log10_p, "tables_asked": res.tables_asked}
+            "tables_log10_p": None if tables is None else tables.log10_p, "tables_asked": res.tables_asked, "tables_disagree": res.tables_disagree}
 
 
 def _inputs_record(sources: Sequence[Any], prints: Sequence[Fingerprint], spec: Mapping[str, Any]) -> dict[str, Any]:
