@@ -25,7 +25,7 @@ def test_run_all_prints_one_row_per_figure(tmp_path):
     rows = [line for line in lines if line.startswith("| ") and not line.startswith("| figure")]
     assert [row.split("|")[1].strip() for row in rows] == [
         "analyze / forward ratio", "extraction / full forward", "extraction / HF inner forward", "scipy loop / kendall_tau_b", "peak memory N 2000 / N 200",
-        "scipy loop / lineage_test",
+        "scipy loop / lineage_test", "compare auto / published",
     ]
     ratios = {row.split("|")[1].strip(): row.split("|")[2].strip() for row in rows}
     if BACKEND == "hooked":  # a TL 3 HookedTransformer has no HF model inside to time
