@@ -165,8 +165,7 @@ class Analysis(Generic[R]):
             hooks = sorted({p.hook for p in self.probes(adapter).values()})
         except LensBiasError as err:
             return str(err)
-        available = adapter.model.hook_dict  # a bridge builds it anew on every access: read it once
-        missing = [h for h in hooks if h not in available]
+        missing = [h for h in hooks if not adapter.has_hook(h)]
         if missing:
             more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
             return f"{self.name} reads {missing[0]}{more}, which this {adapter.info.architecture or adapter.info.family} model does not have"

@@ -2,7 +2,13 @@
 
 Tiers (markers registered in pyproject.toml): every test of ``tests/acceptance/`` is ``slow``, and so is any test
 marked so where it trains, calibrates or runs a subprocess at size; every test that reads the shipped SmolLM2 (the
-``smollm2`` fixtures) is ``real_model``. ``pytest -m "not slow and not real_model"`` is the inner loop.
+``smollm2`` fixtures) is ``real_model``; ``wide`` repeats a check over many variants (the architecture matrix beyond
+its representative rows) or measures at a width the inner loop cannot afford. Two markers are derived from those here, so each tier is one word:
+
+- ``fast``, the inner loop (``pytest -m fast``): neither slow, real_model nor wide;
+- ``readme``, the README's test command (``pytest -m readme``): every test that is neither slow nor real_model, and
+  the few real-model tests marked ``readme`` by hand (the shipped SmolLM2 read once);
+- the rest, ``pytest -m "not readme"``, is what CI runs after the README's command.
 """
 
 from __future__ import annotations
@@ -30,6 +36,11 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
             item.add_marker(pytest.mark.slow)
         if {"smollm2", "smollm2_hf"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.real_model)
+        marked = {mark.name for mark in item.iter_markers()}
+        if not {"slow", "real_model"} & marked:
+            item.add_marker(pytest.mark.readme)
+            if "wide" not in marked:
+                item.add_marker(pytest.mark.fast)
 
 
 @pytest.fixture(autouse=True)

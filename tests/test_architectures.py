@@ -31,7 +31,12 @@ PER_EXPERT = ("section super_experts", "super_experts", "intervention RemoveWeig
 LEARNED_SINK = ("hf:gpt_oss",)
 
 
-@pytest.mark.parametrize("row", rows())
+# The rows the inner loop runs (each kind of bridge once: a native one whose attention edits act, an HF-built rotary
+# one, a read-only hook_pattern, a mixture of experts); every other row is ``wide``, run by the README's command.
+REPRESENTATIVE = ("hf:gpt2", "hf:llama", "hf:gptj", "hf:mixtral", "tl3:gpt2 (LN, learned positions)", "tl3:gated RMS rotary (llama-like)")
+
+
+@pytest.mark.parametrize("row", [row if row in REPRESENTATIVE else pytest.param(row, marks=pytest.mark.wide) for row in rows()])
 def test_every_function_on_every_architecture(row):
     result = run_row(row)  # raises on anything but a checked result or a one-line refusal
     _DONE[row] = result
@@ -54,6 +59,7 @@ def test_every_function_on_every_architecture(row):
         assert "sink_attribution" not in refused  # the default conditions skip the edits that cannot act
 
 
+@pytest.mark.wide
 def test_the_supported_architectures_page_is_generated_from_the_matrix():
     path = pathlib.Path(__file__).parents[1] / "docs" / f"architectures-tl{tl.tl_major()}.md"
     if f"TransformerLens {tl.tl_version()} " not in path.read_text():  # the page names the version it was made with

@@ -12,6 +12,7 @@ import pathlib
 import sys
 import textwrap
 
+import pandas as pd
 import pytest
 import torch
 
@@ -34,59 +35,9 @@ def _walkthrough(heading: str) -> str:
 
 ANALYSIS = _walkthrough("## Add an analysis")
 
-NULL = '''
-"""A null that judges τ̄ against a fixed normal N(0, sd²): a SeedPrint null in one file."""
-import math
-from dataclasses import dataclass
-from typing import ClassVar
-
-from scipy.stats import norm
-
-from lens_bias.seedprint.nulls import Judgement, Null
-
-
-@dataclass(frozen=True)
-class FixedNormalNull(Null):
-    sd: float = 0.01
-    label: str = "fixed normal"
-    kind: ClassVar[str] = "fixed-normal"
-
-    def judge(self, case):
-        z = case.statistic.tau_bar / self.sd
-        return Judgement(float(norm.logsf(z)), z, {"sd": self.sd})
-'''
-
-EXPERIMENT = '''
-"""Count the parameters of a random init: an experiment in one file."""
-from dataclasses import dataclass
-
-from lens_bias.core.serialise import Serialisable
-from lens_bias.experiments.base import Experiment, Outcome
-from lens_bias.models import random_init
-
-
-@dataclass(frozen=True)
-class CountConfig(Serialisable):
-    d_model: int = 32  # the init's width
-    n_layers: int = 1
-
-
-class CountParameters(Experiment):
-    name = "count-parameters"
-    help = "the number of parameters of a small random-init llama"
-    config_type = CountConfig
-    presets = {"default": CountConfig(), "wide": CountConfig(d_model=64)}
-
-    def add_arguments(self, parser):
-        parser.add_argument("--exit-1", action="store_true", help="report a failed check")
-
-    def run(self, config, args):
-        model = random_init("llama", d_model=config.d_model, n_layers=config.n_layers, n_heads=4, d_vocab=50, n_ctx=8)
-        count = sum(p.numel() for p in model.parameters())
-        if args.out:
-            (__import__("pathlib").Path(args.out) / "count.json").write_text(str(count))
-        return Outcome(f"{count} parameters", ok=not args.exit_1)
-'''
+INTERVENTION = _walkthrough("## Add an intervention")
+NULL = _walkthrough("## Add a null")
+EXPERIMENT = _walkthrough("## Add an experiment")
 
 
 def _import_file(tmp_path, name: str, source: str):
@@ -103,14 +54,17 @@ def _import_file(tmp_path, name: str, source: str):
 @pytest.fixture
 def extensions(tmp_path):
     """The three files, imported; their registrations are taken out again afterwards."""
+    from lens_bias.hooks import INTERVENTIONS
+
     modules = {name: _import_file(tmp_path, name, source) for name, source in (
-        ("resid_norm_ext", ANALYSIS), ("fixed_null_ext", NULL), ("count_ext", EXPERIMENT))}
+        ("resid_norm_ext", ANALYSIS), ("scale_residual_ext", INTERVENTION), ("fixed_null_ext", NULL), ("depth_ext", EXPERIMENT))}
     try:
         yield modules
     finally:
         SECTIONS.remove("resid_norm")
+        INTERVENTIONS.remove("ScaleResidual")
         seedprint.NULLS.remove("fixed-normal")
-        EXPERIMENTS.remove("count-parameters")
+        EXPERIMENTS.remove("depth")
         for name in modules:
             sys.modules.pop(name)
 
@@ -159,21 +113,53 @@ def test_a_null_is_one_file(extensions):
     assert "fixed-normal" in build_parser().parse_args(["seedprint", "a.pt", "b.pt", "--null", "fixed-normal"]).null
 
 
+def test_an_intervention_is_one_file(extensions):
+    from lens_bias.hooks import INTERVENTIONS, Intervention
+
+    scale = extensions["scale_residual_ext"].ScaleResidual
+    assert INTERVENTIONS["ScaleResidual"] is scale
+    edit = scale(factor=2.0, layers=[1])
+    assert Intervention.from_dict(json.loads(json.dumps(edit.to_dict()))) == edit
+    model = shared_tiny("llama")
+    tokens = lens_bias.random_tokens(4, 8, 97, seed=0)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens)
+        with lens_bias.intervene(model, edit):
+            edited, edited_cache = model.run_with_cache(tokens)
+        # layer 1's output doubled, read through the model's own final norm and head: the edit acted
+        assert torch.allclose(edited_cache["blocks.1.hook_resid_post"], 2 * cache["blocks.1.hook_resid_post"], rtol=1e-5, atol=1e-6)
+        assert torch.allclose(edited, model.unembed(model.ln_final(2 * cache["blocks.1.hook_resid_post"])), rtol=1e-4, atol=1e-5)
+    report = lens_bias.ablate(model, conditions={"base": (), "doubled": (edit,)}, inputs=tokens, progress=False)
+    assert set(report.final().index) >= {"base", "doubled"}
+
+
 def test_an_experiment_is_one_file(extensions, tmp_path):
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        code = main(["count-parameters", "--preset", "wide", "--set", "n_layers=2", "--out", str(tmp_path)])
-    model = lens_bias.random_init("llama", d_model=64, n_layers=2, n_heads=4, d_vocab=50, n_ctx=8)
-    count = sum(p.numel() for p in model.parameters())
-    assert code == 0 and out.getvalue().strip() == f"{count} parameters" and (tmp_path / "count.json").read_text() == str(count)
+        code = main(["depth", "--preset", "tiny", "--set", "max_layers=3", "--out", str(tmp_path), "--no-progress"])
+    table = pd.read_csv(tmp_path / "depth.csv")
+    tokens = lens_bias.random_tokens(8, 16, 500)
+    for depth, inter in zip(table.depth, table.inter):  # each depth's cosine as analyze measures that model
+        model = lens_bias.random_init("llama", d_model=64, n_layers=depth, n_heads=4, d_vocab=500, n_ctx=16)
+        direct = lens_bias.analyze(model, inputs=tokens, sections=["contraction"], progress=False).contraction.inter[-1].item()
+        assert inter == pytest.approx(direct, rel=1e-6)
+    assert code == 0 and list(table.depth) == [1, 2, 3] and f"| 3 | {table.inter.iloc[-1]:.3f} |" in out.getvalue()
     with contextlib.redirect_stdout(io.StringIO()):
-        assert main(["count-parameters", "--exit-1"]) == 1
-    config = extensions["count_ext"].CountConfig(d_model=48)
+        assert main(["depth", "--preset", "tiny", "--max-inter", "-1", "--no-progress"]) == 1
+    config = extensions["depth_ext"].DepthConfig(d_model=48)
     assert type(config).from_dict(config.to_dict()) == config
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
-        assert main(["count-parameters", "--set", "width=3"]) == 2
-    assert "CountConfig has no field 'width'" in err.getvalue()
+        assert main(["depth", "--set", "width=3"]) == 2
+    assert "DepthConfig has no field 'width'" in err.getvalue()
+
+
+def test_every_analysis_and_intervention_module_has_its_api_page_line():
+    root = pathlib.Path(__file__).parents[1]
+    for folder, page in (("analyses", "analyses"), ("hooks", "hooks")):
+        listed = set((root / "docs" / "api" / f"{page}.md").read_text().split())
+        missing = [p.stem for p in sorted((root / folder).glob("*.py")) if p.stem != "__init__" and f"lens_bias.{folder}.{p.stem}" not in listed]
+        assert not missing, f"docs/api/{page}.md lacks a ':::' line for {missing}"
 
 
 def test_each_registry_refuses_a_taken_name():

@@ -16,6 +16,7 @@ from unittest import mock
 
 import numpy as np
 import pytest
+import scipy.stats
 import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
@@ -139,9 +140,18 @@ def test_seedprint_test(ab, m, ratio_k, temperature, mode):
         refused(err)
     else:
         event("result")
-        assert 0.0 <= result.p <= 1.0 and result.k >= 0
+        assert 0.0 <= result.p <= 1.0 and result.same_lineage == (result.p < result.alpha) and result.n == a.shape[0]
         # No identity dimension in common, or τ undefined: p = 1 and the result says why.
-        assert (result.k >= 1 and math.isfinite(result.tau_bar)) or (result.p == 1.0 and result.reason), result
+        assert (result.k >= 2 and math.isfinite(result.tau_bar)) or (result.p == 1.0 and result.reason), result
+        dims = result.identity_dims
+        assert sorted(set(dims)) == dims and all(0 <= d < a.shape[1] for d in dims)
+        if len(dims) >= 2:  # each τ computed directly: scipy's τ-b of the two softmaxes over the identity dims
+            pa, pb = (torch.softmax(x[:, dims].double() / temperature, dim=1).numpy() for x in (a, b))
+            direct = np.array([scipy.stats.kendalltau(pa[:, j], pb[:, j]).statistic for j in range(len(dims))])
+            assert result.k == int(np.isfinite(direct).sum())
+            np.testing.assert_allclose(result.taus.numpy(), direct, atol=1e-6)
+            if result.k:
+                assert result.tau_bar == pytest.approx(np.nanmean(direct), abs=1e-9)
 
 
 INTERVENTIONS = st.sampled_from([
@@ -156,17 +166,23 @@ INTERVENTIONS = st.sampled_from([
 @given(make=st.lists(INTERVENTIONS, min_size=1, max_size=2), layers=st.one_of(st.none(), st.lists(st.integers(-2, 3), max_size=2)),
        n=st.integers(1, 6), seq_len=st.integers(1, CTX + 2), batch_size=st.one_of(st.none(), st.integers(1, 4)))
 def test_interventions(model, make, layers, n, seq_len, batch_size):
+    tokens = lens_bias.random_tokens(n, seq_len, V) if n >= 1 and seq_len >= 1 else None
     try:
         edits = [f(layers) for f in make]
+        hooks = lens_bias.hooks.edit_hooks(model[0], edits)
         kept = lens_bias.extend.ModelAdapter(model[0]).collect(
-            lens_bias.random_tokens(n, seq_len, V), [last_position("ln_final.hook_normalized")], batch_size=batch_size,
-            hooks=lens_bias.hooks.edit_hooks(model[0], edits), progress=False,
+            tokens if tokens is not None else lens_bias.random_tokens(n, seq_len, V), [last_position("ln_final.hook_normalized")],
+            batch_size=batch_size, hooks=hooks, progress=False,
         )
     except EXPECTED as err:
         refused(err)
     else:
         event("result")
-        assert kept["ln_final.hook_normalized:last"].shape == (n, D)
+        # The same edits in one plain forward pass of TransformerLens's own: equal readouts, whatever the batching.
+        seen: dict[str, torch.Tensor] = {}
+        with torch.no_grad():
+            model[0].run_with_hooks(tokens, fwd_hooks=[*hooks, ("ln_final.hook_normalized", lambda x, hook: seen.setdefault("x", x[:, -1].clone()))])
+        torch.testing.assert_close(kept["ln_final.hook_normalized:last"].float(), seen["x"].float(), atol=1e-4, rtol=1e-4)
     unchanged(model)
 
 

@@ -12,9 +12,10 @@ unembedding over all positions is never computed when nothing reads it).
 
 from __future__ import annotations
 
+import functools
 import logging
 import weakref
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence, cast
 
 import torch
 from jaxtyping import Float
@@ -113,8 +114,13 @@ class ModelAdapter:
         :func:`~lens_bias.core.attention_layout.layer_windows`, which refuses layer types it cannot read)."""
         return attention_layout.layer_windows(self.model, self.info.n_layers)
 
+    @functools.cached_property
+    def hook_names(self) -> frozenset[str]:
+        """The model's hook points by name, read once: a TL 4 bridge builds ``hook_dict`` anew on every access."""
+        return frozenset(self.model.hook_dict)
+
     def has_hook(self, name: str) -> bool:
-        return name in self.model.hook_dict
+        return name in self.hook_names
 
     def require(self, names: Iterable[str], purpose: str) -> None:
         """Raise a clear error if any hook in ``names`` is missing from the model."""
@@ -164,22 +170,14 @@ class ModelAdapter:
         return Probe(probe.hook, probe.reduction + "+gain", _after(_FinalAffine(norm), probe.fn), probe.combine)
 
     def _logit_transform(self) -> Callable[[Tensor], Tensor]:
-        """What the model does to its head's output: Cohere's ``logit_scale``, Granite's ``logits_scaling``,
-        Gemma 2/3's final soft cap (TL's ``output_logits_soft_cap`` or the Hugging Face config's)."""
-        hf = getattr(self.model, "original_model", None)
-        hf_cfg = getattr(hf, "config", None)
-        scale = getattr(hf, "logit_scale", None)  # Cohere keeps the config's float on the model
-        scale = float(scale) if isinstance(scale, (int, float)) and not isinstance(scale, bool) else 1.0
-        divide = float(getattr(hf_cfg, "logits_scaling", None) or 1.0)
+        """What the model does to its head's output: on a TL 4 bridge, what its architecture adapter declares
+        (``apply_output_logits_transform``: Cohere's logit scale, Granite's logits scaling, Gemma's soft cap); on TL 3,
+        the config's ``output_logits_soft_cap``, the one transform a ``HookedTransformer`` applies."""
+        declared = getattr(getattr(self.model, "adapter", None), "apply_output_logits_transform", None)
+        if callable(declared):
+            return cast(Callable[[Tensor], Tensor], declared)
         cap = float(getattr(self.model.cfg, "output_logits_soft_cap", -1.0) or -1.0)
-        if cap <= 0:
-            cap = float(getattr(hf_cfg, "final_logit_softcapping", None) or -1.0)
-
-        def transform(logits: Tensor) -> Tensor:
-            logits = logits * (scale / divide) if scale != divide else logits
-            return cap * torch.tanh(logits / cap) if cap > 0 else logits
-
-        return transform
+        return (lambda logits: cap * torch.tanh(logits / cap)) if cap > 0 else (lambda logits: logits)
 
     def check_readout(self) -> None:
         """Make sure :meth:`unembed` of the readout is the model's own last-position logits, on one short sequence;

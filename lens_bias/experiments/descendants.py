@@ -40,8 +40,9 @@ from lens_bias.models import load_model
 from lens_bias.models.parameters import copy_model
 from lens_bias.models.reparametrise import permute_residual, rename_vocabulary, rotate_residual
 from lens_bias.models.transforms import low_rank_delta, merge, prune, quantize, random_inits, relative_change
+from lens_bias.seedprint.comparison import Maps, auto_test, mapped_inputs, through_maps
 from lens_bias.seedprint.correspondence import Embedding
-from lens_bias.seedprint.lineage import ALPHA, STRONG, Maps, auto_test, mapped_inputs, through_maps
+from lens_bias.seedprint.lineage import ALPHA, STRONG
 from lens_bias.seedprint.readings import Reading, drawn_tokens
 from lens_bias.seedprint.vocabulary import renamed_tokens
 from lens_bias.training.data import TokenData

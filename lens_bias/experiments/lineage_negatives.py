@@ -8,7 +8,7 @@ test whose verdict follows the function rather than the init calls them related.
   ``data_seeds[0]``, the rest on ``data_seeds[1]``; every pair of them, marked "same order" or "other order";
 - **random init**: ``n_random`` pairs of fresh inits of the same configuration (seeds clear of the trained ones).
 
-Each pair is compared (:func:`~lens_bias.seedprint.lineage.compare`, the base the lower seed) with ``compare``'s own
+Each pair is compared (:func:`~lens_bias.seedprint.comparison.compare`, the base the lower seed) with ``compare``'s own
 null, as a user would run it: the trained pairs under every mode in ``modes``, the random-init pairs under
 ``random_modes`` (the aligned modes' rate on inits is :func:`~lens_bias.seedprint.calibration.calibrate`'s). A
 positive is a false positive; the FPR is reported with its 95% Clopper-Pearson upper bound.

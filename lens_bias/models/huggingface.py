@@ -241,7 +241,7 @@ def from_hf(hf_model: Any, tokenizer: Any = None, *, backend: str = "auto", mode
             )
         model = _hooked_from_hf(hf_model, architecture, tokenizer, model_name)
     else:
-        from transformer_lens.model_bridge.sources._bridge_builder import (
+        from transformer_lens.model_bridge.sources import (
             build_bridge_from_module,
         )
 

@@ -17,8 +17,8 @@ families (:mod:`~lens_bias.seedprint.families`).
 
 Modules: :mod:`~lens_bias.seedprint.fingerprints` (the features), :mod:`~lens_bias.seedprint.statistic` (identity
 dimensions, τ̄), :mod:`~lens_bias.seedprint.align`, :mod:`~lens_bias.seedprint.nulls`,
-:mod:`~lens_bias.seedprint.lineage` (the test, ``compare``), :mod:`~lens_bias.seedprint.correspondence` (the token and
-basis maps of ``align="auto"``), :mod:`~lens_bias.seedprint.tables` (whether two embedding tables agree beyond chance,
+:mod:`~lens_bias.seedprint.lineage` (the test), :mod:`~lens_bias.seedprint.comparison` (``compare`` and its default
+test, ``align="auto"``), :mod:`~lens_bias.seedprint.correspondence` (the token and basis maps it reads), :mod:`~lens_bias.seedprint.tables` (whether two embedding tables agree beyond chance,
 which ``align="auto"`` asks between trained models), :mod:`~lens_bias.seedprint.families` (with its run of models,
 :mod:`~lens_bias.seedprint.lineage_run`, its cache, :mod:`~lens_bias.seedprint.cache`, and the saved
 :mod:`~lens_bias.seedprint.readings` its default test reads where the models are not at hand) and
@@ -35,6 +35,7 @@ which ``align="auto"`` asks between trained models), :mod:`~lens_bias.seedprint.
 
 from lens_bias.seedprint.align import ALIGN_MODES
 from lens_bias.seedprint.calibration import calibrate
+from lens_bias.seedprint.comparison import compare, fingerprint_like
 from lens_bias.seedprint.families import LineageMatrix, pairwise_lineage
 from lens_bias.seedprint.fingerprints import (
     FeaturesLike,
@@ -49,8 +50,6 @@ from lens_bias.seedprint.lineage import (
     STRONG,
     LineageSettings,
     SeedPrintResult,
-    compare,
-    fingerprint_like,
     lineage_test,
 )
 from lens_bias.seedprint.nulls import (

@@ -43,10 +43,16 @@ AlignMode = Optional[Literal["permutation", "orthogonal", "linear"]]
 ALIGN_MODES: tuple[AlignMode, ...] = (None, *get_args(get_args(AlignMode)[0]))
 
 
-def check_align(align: Any) -> None:
-    """Refuse anything but one of ``ALIGN_MODES``: the one place the mode is checked."""
+def check_align(align: Any, *, auto: bool = False) -> None:
+    """Refuse anything but one of ``ALIGN_MODES``, or ``"auto"`` (:func:`~lens_bias.seedprint.compare`'s default,
+    which reads the two models' weights) where the caller holds the models (``auto=True``): the one place the mode
+    is checked."""
+    if isinstance(align, str) and align == "auto":
+        if not auto:
+            raise LensBiasError("align='auto' reads the two models' tokenizers and weights, which features do not hold: call compare(model_a, model_b, align='auto')")
+        return
     if align not in ALIGN_MODES:
-        raise LensBiasError(f"align must be one of {ALIGN_MODES}, got {align!r}")
+        raise LensBiasError(f"align must be one of {(*ALIGN_MODES, 'auto') if auto else ALIGN_MODES}, got {align!r}")
 
 
 def split_and_align(align: AlignMode, fit_rows: int, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:

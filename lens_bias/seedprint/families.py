@@ -28,6 +28,7 @@ seeds null aligned the same way: fresh random inits of the base's configuration
 from __future__ import annotations
 
 import logging
+import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence, Union
@@ -44,8 +45,9 @@ from lens_bias.core.serialise import Serialisable
 from lens_bias.core.settings import overridden, route_keywords
 from lens_bias.core.stats import adjust_p, detection_metrics
 from lens_bias.seedprint.align import AlignMode, check_align
+from lens_bias.seedprint.comparison import Maps, auto_pair
 from lens_bias.seedprint.fingerprints import Fingerprint, FingerprintSettings, fingerprint
-from lens_bias.seedprint.lineage import COMPARE, LineageSettings, Maps, SeedPrintResult, lineage_test, mapped_inputs, through_maps
+from lens_bias.seedprint.lineage import COMPARE, LineageSettings, SeedPrintResult, lineage_test
 from lens_bias.seedprint.lineage_run import LineageRun, PairNulls, renamed_prints
 from lens_bias.seedprint.nulls import AnalyticNull
 from lens_bias.seedprint.readings import Reading, saved_auto_test
@@ -205,8 +207,7 @@ def pairwise_lineage(
         raise LensBiasError(f"pairwise_lineage fingerprints drawn token inputs (settings.inputs='tokens'), got {prints_with.inputs!r}")
     if correction not in CORRECTIONS:
         raise LensBiasError(f"correction must be one of {CORRECTIONS}, got {correction!r}")
-    if testing.align != "auto":
-        check_align(testing.align)
+    check_align(testing.align, auto=True)
     run = LineageRun.of(models, names, cache)
     saved = readings is not None and all(name in readings for name in run.names)
     if readings is not None and not saved:
@@ -214,7 +215,9 @@ def pairwise_lineage(
     if testing.align == "auto" and any(isinstance(x, Fingerprint) for x in run.sources) and not saved:
         if test is not None or "align" in routed["test"]:
             raise LensBiasError("align='auto' reads each model's weights, which a saved fingerprint does not hold: pass the models, or align=None for the published test")
-        testing = replace(testing, align=None)  # the default, on saved fingerprints: the published test
+        warnings.warn("pairwise_lineage: saved fingerprints hold no weights, so the pairs are tested by the published test (align=None), not "
+                      "compare's default (align='auto'); pass readings= (what lens-bias descendants --out saves) for the default", stacklevel=2)
+        testing = replace(testing, align=None)
     auto = testing.align == "auto"
     if prints_with.vocab is None:
         prints_with = replace(prints_with, vocab=min(run.vocab(i) for i in range(run.size)))
@@ -273,18 +276,22 @@ def pairwise_lineage(
 
 
 def _auto_pair(run: LineageRun, prints: Sequence[Fingerprint], settings: FingerprintSettings, test: LineageSettings, i: int, j: int) -> SeedPrintResult:
-    """One pair under align="auto": the maps read from the two models' embeddings; the fingerprints already made,
-    unless the token map changes the inputs (then both models are fingerprinted again on them), tested through the
-    basis map, or as they are where nothing maps (:func:`through_maps`)."""
+    """One pair under align="auto" (:func:`~lens_bias.seedprint.comparison.auto_pair`), the maps read from the two
+    models' embeddings: the fingerprints already made, unless the token map changes the inputs (then both models are
+    fingerprinted again on the tokens they share)."""
     embedding_a, embedding_b = run.embedding(i), run.embedding(j)
     assert embedding_a is not None and embedding_b is not None  # pairwise_lineage refused saved fingerprints
     maps = Maps.read(embedding_a, embedding_b)
-    inputs = mapped_inputs(maps, settings)
-    fp_a, fp_b = prints[i], prints[j]
-    if inputs is not None:  # the token map changes the inputs: both fingerprinted again on the tokens they share
+
+    def made_or_make(read_a: Tensor | None, read_b: Tensor | None) -> tuple[Fingerprint, Fingerprint]:
+        if read_a is None or read_b is None:
+            return prints[i], prints[j]
         logger.info("%s reads %s's tokens through its token map (%s)", run.names[j], run.names[i], maps.tokens.source)
-        fp_a, fp_b = (fingerprint(run.load(k), settings, inputs=read, progress=False) for k, read in zip((i, j), inputs))
-    return through_maps(maps, fp_a, fp_b, test, all(p.model.get("regime") == "trained" for p in (prints[i], prints[j])))
+        return fingerprint(run.load(i), settings, inputs=read_a, progress=False), fingerprint(run.load(j), settings, inputs=read_b, progress=False)
+
+    result = auto_pair(maps, settings, made_or_make, test, all(p.model.get("regime") == "trained" for p in (prints[i], prints[j])))
+    assert result is not None  # made_or_make always has the two fingerprints
+    return result
 
 
 def _maps_record(res: SeedPrintResult) -> dict[str, Any]:

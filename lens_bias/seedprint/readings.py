@@ -39,9 +39,10 @@ from torch import Tensor
 
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.files import atomic_save, load_torch_file
+from lens_bias.seedprint.comparison import FingerprintsOn, Maps, auto_pair
 from lens_bias.seedprint.correspondence import Embedding
 from lens_bias.seedprint.fingerprints import Fingerprint, FingerprintSettings, regenerate_inputs
-from lens_bias.seedprint.lineage import LineageSettings, Maps, SeedPrintResult, mapped_inputs, through_maps
+from lens_bias.seedprint.lineage import LineageSettings, SeedPrintResult
 
 __all__ = ["Reading", "ReadingFiles", "saved_auto_test", "drawn_tokens", "MIN_SHARE"]
 
@@ -152,7 +153,7 @@ def drawn_tokens(fp: Fingerprint) -> Int[Tensor, "n seq"]:
 
 def saved_auto_test(a: Reading, b: Reading, test: LineageSettings, *, both_trained: bool = False) -> tuple[SeedPrintResult, bool] | None:
     """``compare(a, b)``'s default test from two readings: the maps read from their tables, the pair tested on the
-    saved fingerprints made on the inputs the maps ask for (:func:`~lens_bias.seedprint.lineage.mapped_inputs`).
+    saved fingerprints made on the inputs the maps ask for (:func:`~lens_bias.seedprint.comparison.auto_pair`).
 
     ``compare`` draws its tokens in the base's vocabulary, so which model is the base decides the inputs: a model
     whose first fingerprint read the drawn IDs themselves (:attr:`Reading.reads_drawn`) is tried as the base first.
@@ -176,16 +177,26 @@ def saved_auto_test(a: Reading, b: Reading, test: LineageSettings, *, both_train
             raise LensBiasError("saved_auto_test needs each reading to hold a fingerprint made on drawn token inputs (inputs='tokens'), whose record says what compare draws")
         record = next(fp.inputs for _, fp in base.prints if fp.inputs.get("seed") is not None)
         settings = FingerprintSettings(n=record["n"], seq_len=record["seq_len"], seed=record["seed"], vocab=record["vocab"])
-        maps = Maps.read(base.embedding, suspect.embedding)
-        read_a, read_b = mapped_inputs(maps, settings) or (drawn, drawn)
-        found_a, found_b = base.most(read_a), suspect.most(read_b)
+        result = auto_pair(Maps.read(base.embedding, suspect.embedding), settings, _saved_on(base, suspect, drawn), test, both_trained)
+        if result is not None:
+            return result, a_first
+    return None
+
+
+def _saved_on(base: Reading, suspect: Reading, drawn: Tensor) -> FingerprintsOn:
+    """The two readings' saved fingerprints on the inputs a pair's maps ask for (``drawn``, the base's own drawn
+    tokens, where they ask for none): each reading's fingerprint that holds the most of them, on the inputs both hold,
+    or None where those are fewer than :data:`MIN_SHARE` of them."""
+
+    def saved(read_a: Tensor | None, read_b: Tensor | None) -> tuple[Fingerprint, Fingerprint] | None:
+        found_a, found_b = base.most(drawn if read_a is None else read_a), suspect.most(drawn if read_b is None else read_b)
         if found_a is None or found_b is None:
-            continue
+            return None
         (fp_a, same_a), (fp_b, same_b) = found_a, found_b
         kept = same_a & same_b
-        if int(kept.sum()) >= MIN_SHARE * len(kept):
-            return through_maps(maps, *_on_inputs(fp_a, fp_b, kept), test, both_trained), a_first
-    return None
+        return _on_inputs(fp_a, fp_b, kept) if int(kept.sum()) >= MIN_SHARE * len(kept) else None
+
+    return saved
 
 
 MIN_SHARE = 0.5

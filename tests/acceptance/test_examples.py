@@ -99,12 +99,19 @@ def test_calibration_of_the_align_modes_smoke(tmp_path):
     assert record["command"] == "python examples/calibration.py " + " ".join(argv)
 
 
-def test_orders_of_magnitude_smoke(monkeypatch, capsys):
-    argv = ["orders_of_magnitude.py", "--d-model", "128", "--d-vocab", "1000", "--n", "16", "--seq-len", "8"]
-    monkeypatch.setattr(sys, "argv", argv)
-    runpy.run_path(str(EXAMPLES / "orders_of_magnitude.py"), run_name="__main__")
-    out = capsys.readouterr().out
-    assert "ReLU d 128 + OddActivation" in out and "ReLU d 256" in out
+def test_orders_of_magnitude_smoke(capsys):
+    """The example's table holds each model's max/min p̄ as the model's own softmax gives it, and prints it."""
+    argv = ["--d-model", "128", "--d-vocab", "1000", "--n", "16", "--seq-len", "8"]
+    table = runpy.run_path(str(EXAMPLES / "orders_of_magnitude.py"))["main"](argv)
+    assert list(table.index) == ["ReLU d 128", "ReLU d 128 + OddActivation", "ReLU d 256"]
+    for d_model in (128, 256):  # built as the example builds it, read on the inputs analyze draws (seed 42)
+        model = lens_bias.random_init("gpt2", d_model=d_model, n_layers=2, n_heads=max(1, d_model // 128), d_vocab=1000, n_ctx=8, act_fn="relu",
+                                      positional_embedding="none", seed=0)
+        with torch.no_grad():
+            p_bar = model(lens_bias.random_tokens(16, 8, 1000))[:, -1].double().softmax(-1).mean(0)
+        assert table.loc[f"ReLU d {d_model}", "max/min p̄"] == pytest.approx((p_bar.max() / p_bar.min()).item(), rel=1e-6)
+    assert table.loc["ReLU d 128 + OddActivation", "max/min p̄"] < table.loc["ReLU d 128", "max/min p̄"]
+    assert f"{table.loc['ReLU d 256', 'max/min p̄']:.3g}" in capsys.readouterr().out
 
 
 def run_notebook(path: Path):

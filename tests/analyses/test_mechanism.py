@@ -50,6 +50,7 @@ def factorial():
     return lens_bias.ablate(model, conditions=["base", "odd_mlp", "self_only_attention"], n_sequences=N, seq_len=T, progress=False).final()
 
 
+@pytest.mark.wide  # the factorial is d 320, 4 layers, three conditions: the README's command, not the inner loop
 def test_odd_activation_removes_the_shared_direction_but_not_aggregation(factorial):
     assert factorial.loc["base", "inter"] > 0.4
     assert abs(factorial.loc["odd_mlp", "inter"]) < 0.05
@@ -57,6 +58,7 @@ def test_odd_activation_removes_the_shared_direction_but_not_aggregation(factori
     assert factorial.loc["odd_mlp", "max_min_ratio"] < factorial.loc["base", "max_min_ratio"]
 
 
+@pytest.mark.wide
 def test_self_only_attention_makes_intra_fall_to_inter(factorial):
     row = factorial.loc["self_only_attention"]
     assert abs(row.intra - row.inter) < 0.05

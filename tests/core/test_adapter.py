@@ -113,11 +113,11 @@ def test_missing_and_silent_hooks_are_named():
 
 def test_an_edit_after_an_early_stop_is_not_called_silent():
     """An intervention downstream of the last probe does not fire (the pass stopped), and that is fine."""
-    adapter = ModelAdapter(tiny("gpt2"))
-    out = adapter.collect(
-        random_tokens(2, 4, 97), [last_position("blocks.0.hook_resid_post")], hooks=[("blocks.1.hook_mlp_out", lambda x, hook: x)], progress=False
-    )
-    assert out["blocks.0.hook_resid_post:last"].shape == (2, 64)
+    model = tiny("gpt2")
+    tokens = random_tokens(2, 4, 97)
+    out = ModelAdapter(model).collect(tokens, [last_position("blocks.0.hook_resid_post")], hooks=[("blocks.1.hook_mlp_out", lambda x, hook: x * 0)], progress=False)
+    _, cache = model.run_with_cache(tokens, names_filter="blocks.0.hook_resid_post")
+    assert torch.equal(out["blocks.0.hook_resid_post:last"], cache["blocks.0.hook_resid_post"][:, -1])
 
 
 @pytest.mark.parametrize("error", [RuntimeError("boom"), KeyboardInterrupt()])
@@ -184,3 +184,46 @@ def test_kept_values_do_not_hold_their_batch_activation_alive():
     kept = lens_bias.extend.ModelAdapter(model).collect(lens_bias.random_tokens(12, 8, 97), [Probe("blocks.0.hook_resid_post", "last_view", last)],
                                                  batch_size=4, progress=False)
     assert alive_before == [0, 0, 0] and kept["blocks.0.hook_resid_post:last_view"].shape == (12, 64)
+
+
+def _module_state(model) -> dict:
+    """Every module's plain attributes (flags, counters, names; tensors by shape), hooks left to hook_snapshot."""
+    state = {}
+    for name, module in model.named_modules():
+        for key, value in vars(module).items():
+            if key in ("_parameters", "_buffers", "_modules") or "hooks" in key:
+                continue
+            if key == "_stop_at_layer_idx" and value is None:  # TL's stop leaves it None; TL reads an absent one as None
+                continue
+            plain = value is None or isinstance(value, (bool, int, float, str))
+            state[name, key] = value if plain else ("tensor", tuple(value.shape)) if isinstance(value, torch.Tensor) else type(value).__name__
+    return state
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_an_early_stop_leaves_the_model_as_transformer_lenss_own_stop_does(arch):
+    """collect stops the pass once its last probe fired; TransformerLens stops with ``stop_at_layer``. After either,
+    the two copies hold the same flags, counters and hooks, and the next full pass gives the same logits."""
+    ours, theirs = tiny(arch), tiny(arch)
+    tokens = random_tokens(2, 6, 97)
+    with torch.no_grad():
+        ours(tokens), theirs(tokens)  # warm-up: a bridge wires its own capture hooks on its first call
+        ModelAdapter(ours).collect(tokens, [last_position("blocks.0.hook_resid_post")], progress=False)
+        theirs(tokens, stop_at_layer=1)
+        assert _module_state(ours) == _module_state(theirs) and hook_snapshot(ours) == hook_snapshot(theirs)
+        assert torch.equal(ours(tokens), theirs(tokens))
+
+
+def test_the_hook_names_are_read_once_per_adapter(monkeypatch):
+    """A TL 4 bridge builds ``hook_dict`` anew at every read (TL 3 keeps a dict): the adapter reads it once."""
+    model = tiny("gpt2")
+    kind = type(model)
+    built = getattr(kind, "hook_dict", None)
+    if not isinstance(built, property):
+        pytest.skip("this TransformerLens keeps hook_dict as a dict")
+    adapter = ModelAdapter(model)
+    reads = []
+    monkeypatch.setattr(kind, "hook_dict", property(lambda self: reads.append(1) or built.fget(self)))
+    adapter.require(["hook_embed", "blocks.0.hook_resid_post", "blocks.1.hook_resid_post"], "a test")
+    assert adapter.has_hook("ln_final.hook_normalized") and not adapter.has_hook("blocks.9.hook_resid_post") and adapter.readout_hook
+    assert adapter.hook_names == set(built.fget(model)) and len(reads) == 1

@@ -25,6 +25,7 @@ from ..conftest import BACKEND, assert_same_state, requires_tl3, state_copy
 from ..report.browser import PAGE_BUDGET, read_page, requires_chromium
 
 
+@pytest.mark.readme  # the README's command reads the shipped SmolLM2 once: its logits and readouts
 def test_logits_equal_the_hugging_face_model(smollm2, smollm2_hf):
     hf, tokenizer = smollm2_hf
     ids = tokenizer("The capital of France is", return_tensors="pt").input_ids
@@ -40,6 +41,7 @@ def test_logits_equal_the_hugging_face_model(smollm2, smollm2_hf):
     assert huggingface._check_gguf(lens_bias.models.shipped_gguf())[1] == "Smollm2 135M 8k Lc100K Mix1 Ep2"
 
 
+@pytest.mark.readme
 def test_readouts_are_the_models_own(smollm2, smollm2_hf):
     """Token preference, the fingerprint's features and the readout all read what the model unembeds (after the final
     RMSNorm's gain), equal to plain transformers; before the gain the norm is √576 = 24 on every sequence."""

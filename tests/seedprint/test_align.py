@@ -238,7 +238,29 @@ def test_the_align_mode_is_checked_in_one_place_before_any_work():
     assert ALIGN_MODES == (None, *typing.get_args(typing.get_args(AlignMode)[0]))
     features = torch.randn(12, 4)
     for call in (lambda: lineage_test(features, features, m=2, align="rotation"), lambda: fit("rotation", features, features),
-                 lambda: pairwise_lineage(["llama:d=16,L=1,H=2,V=50,ctx=8"] * 2, align="rotation", cache=False, progress=False),
                  lambda: calibrate(lambda seed: pytest.fail("built a model"), n_pairs=1, aligns=["rotation"], progress=False)):
         with pytest.raises(LensBiasError, match=r"align must be one of \(None, 'permutation', 'orthogonal', 'linear'\), got 'rotation'"):
             call()
+    # "auto" is a mode of its own, checked there too: taken where the models are at hand, refused on features alone
+    for call in (lambda: lineage_test(features, features, m=2, align="auto"),
+                 lambda: calibrate(lambda seed: pytest.fail("built a model"), n_pairs=1, aligns=["auto"], progress=False)):
+        with pytest.raises(LensBiasError, match="align='auto' reads the two models' tokenizers and weights, which features do not hold"):
+            call()
+    for call in (lambda: align.check_align("rotation", auto=True),
+                 lambda: pairwise_lineage(["llama:d=16,L=1,H=2,V=50,ctx=8"] * 2, align="rotation", cache=False, progress=False)):
+        with pytest.raises(LensBiasError, match=r"align must be one of \(None, 'permutation', 'orthogonal', 'linear', 'auto'\), got 'rotation'"):
+            call()
+    align.check_align("auto", auto=True)
+
+
+def test_the_default_test_on_saved_fingerprints_warns_that_it_is_the_published_one(tmp_path):
+    """Saved fingerprints hold no weights: pairwise_lineage's default ("auto") cannot read the maps from them, so it
+    runs the published test, says so in a warning, and gives what align=None gives."""
+    from lens_bias.seedprint import pairwise_lineage
+
+    small = dict(d_model=32, n_layers=1, n_heads=2, d_vocab=200, n_ctx=8)
+    prints = [sp.fingerprint(lens_bias.random_init("llama", seed=seed, **small), n=64, seq_len=8, progress=False) for seed in (0, 0, 1)]
+    with pytest.warns(UserWarning, match=r"published test \(align=None\), not compare's default \(align='auto'\); pass readings="):
+        default = pairwise_lineage(prints, names=["a", "a again", "b"], m=8, progress=False)
+    published = pairwise_lineage(prints, names=["a", "a again", "b"], m=8, align=None, progress=False)
+    assert default.align is None and torch.equal(default.log10_p, published.log10_p) and default.families == [["a", "a again"], ["b"]]

@@ -18,7 +18,7 @@ from lens_bias.core.stats import unit
 from lens_bias.models.parameters import copy_model
 from lens_bias.models.reparametrise import permute_residual, rename_vocabulary, rotate_residual
 from lens_bias.models.transforms import quantize
-from lens_bias.seedprint import correspondence, lineage
+from lens_bias.seedprint import comparison, correspondence
 from lens_bias.seedprint.vocabulary import nearest_rows
 from lens_bias.training import TokenData, train
 
@@ -86,7 +86,7 @@ def test_each_part_of_the_pipeline_is_needed(base, monkeypatch):
     for part, off in (("token_map", lambda a, b: correspondence.TokenMap(torch.arange(SPEC.d_vocab), "same")),
                       ("basis_map", lambda a, b, tokens: correspondence.BasisMap("identity", None, 0.0))):
         with monkeypatch.context() as patch:
-            patch.setattr(lineage, part, off)
+            patch.setattr(comparison, part, off)
             assert sp.compare(base, disguised, align="auto", **KW).log10_p > -10, part  # the case fails without it
 
 

@@ -14,7 +14,7 @@ from lens_bias import seedprint as sp
 from lens_bias.models.parameters import copy_model
 from lens_bias.models.reparametrise import rename_vocabulary, rotate_residual
 from lens_bias.models.transforms import quantize
-from lens_bias.seedprint.lineage import Maps, through_maps
+from lens_bias.seedprint.comparison import Maps, through_maps
 from lens_bias.seedprint.readings import Reading, ReadingFiles, drawn_tokens, saved_auto_test
 
 SPEC = lens_bias.ModelSpec("llama", d_model=32, n_layers=2, n_heads=4, d_vocab=1200, n_ctx=16, seed=1)  # n <= V/4: the analytic null holds

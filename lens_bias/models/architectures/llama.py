@@ -38,7 +38,7 @@ class Llama(Architecture):
         return LlamaForCausalLM(LlamaConfig(**common, attention_bias=False, mlp_bias=False))
 
     def build_bridge(self, spec: ModelSpec) -> Any:
-        from transformer_lens.model_bridge.sources._bridge_builder import (
+        from transformer_lens.model_bridge.sources import (
             build_bridge_from_module,
         )
 
