@@ -18,7 +18,7 @@ taken across the inputs. The mean τ̄ is judged against a null (:mod:`lens_bias
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, Mapping
 
 import pandas as pd
@@ -41,7 +41,7 @@ ALPHA = 0.01
 STRONG = 1e-10
 
 
-@dataclass
+@dataclass(frozen=True)
 class SeedPrintResult:
     """The lineage verdict and everything it was computed from."""
 
@@ -206,6 +206,7 @@ def lineage_test(a: FeaturesLike, b: FeaturesLike, settings: LineageSettings | N
     s = overridden(LineageSettings, settings, overrides, "lineage_test()")
     null, full_a, full_b, fit_rows, m = _checked(s, a, b)
     align = s.align
+    assert align != "auto"  # check_align (in _checked) refused it: its maps need the models
     n, mode, temperature = full_a.shape[0] - fit_rows, s.mode, s.temperature
     null.check(a, n)
 
@@ -214,25 +215,20 @@ def lineage_test(a: FeaturesLike, b: FeaturesLike, settings: LineageSettings | N
     case = Case(a=a, b=b, fa=fa, fb=fb, m=m, mode=mode, temperature=temperature, statistic=core, progress=progress, full_a=full_a, align=align,
                 fit_rows=fit_rows)
     dims = core.dims
+    if core.k < 2:  # no test: p = 1, and the result says why
+        reason: str | None = ("no identity dimensions in common" if dims.numel() == 0
+                              else "one identity dimension: the softmax over it is constant and τ is undefined" if dims.numel() == 1
+                              else "fewer than two identity dimensions with a defined τ")
+        log_p, z, details = 0.0, float("nan"), {}
+    else:
+        judgement = null.judge(case)
+        reason, log_p, z, details = None, judgement.log_p, judgement.z, judgement.details
     result = SeedPrintResult(
-        p=1.0, log10_p=0.0, tau_bar=core.tau_bar, z=float("nan"), k=core.k, n=n, m=m, mode=mode, temperature=temperature,
-        null=null.label, alpha=s.alpha, identity_dims=dims.tolist(), taus=core.taus.float(),
-        means_a=fa[:, dims].mean(0), means_b=fb[:, dims].mean(0), null_settings=null.to_dict(), align=align, fit_rows=fit_rows,
+        p=math.exp(log_p), log10_p=log_p / math.log(10), tau_bar=core.tau_bar, z=z, k=core.k, n=n, m=m, mode=mode, temperature=temperature,
+        null=null.label, alpha=s.alpha, identity_dims=dims.tolist(), taus=core.taus.float(), means_a=fa[:, dims].mean(0), means_b=fb[:, dims].mean(0),
+        null_settings=null.to_dict(), reason=reason, null_details=details, align=align, fit_rows=fit_rows,
     )
-    if core.k < 2:
-        result.reason = (
-            "no identity dimensions in common" if dims.numel() == 0
-            else "one identity dimension: the softmax over it is constant and τ is undefined" if dims.numel() == 1
-            else "fewer than two identity dimensions with a defined τ"
-        )
-        return result
-    judgement = null.judge(case)
-    result.log10_p = judgement.log_p / math.log(10)
-    result.p = math.exp(judgement.log_p)
-    result.z = judgement.z
-    result.null_details = judgement.details
-    result.caveat = caveats(result, all(isinstance(x, Fingerprint) and x.model.get("regime") == "trained" for x in (a, b)))
-    return result
+    return replace(result, caveat=caveats(result, all(isinstance(x, Fingerprint) and x.model.get("regime") == "trained" for x in (a, b))))
 
 
 def _checked(s: LineageSettings, a: FeaturesLike, b: FeaturesLike) -> tuple[Null, Tensor, Tensor, int, int]:

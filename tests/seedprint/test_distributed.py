@@ -43,7 +43,8 @@ def test_distributed_outside_torchrun_says_how_to_run(monkeypatch):
 def test_two_gloo_ranks_equal_one_process(tmp_path):
     out = tmp_path / "dist.pt"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "lens_bias", "fingerprint", SPEC,
+    # --standalone: a free port, so two suites side by side (as CI runs them) never meet on torchrun's default one
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "lens_bias", "fingerprint", SPEC,
                "-o", str(out), "--inputs", "embeddings", "--sequences", "44", "--seq-len", "16", "--batch-size", "8",
                "--distributed", "--no-progress"]
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
