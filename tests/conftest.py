@@ -3,7 +3,7 @@
 Tiers (markers registered in pyproject.toml): every test of ``tests/acceptance/`` is ``slow``, and so is any test
 marked so where it trains, calibrates or runs a subprocess at size; every test that reads the shipped SmolLM2 (the
 ``smollm2`` fixtures) is ``real_model``; ``wide`` repeats a check over many variants (the architecture matrix beyond
-its representative rows) or measures at a width the inner loop cannot afford. Two markers are derived from those here, so each tier is one word:
+its representative rows), measures at a width the inner loop cannot afford, or opens a browser. Two markers are derived from those here, so each tier is one word:
 
 - ``fast``, the inner loop (``pytest -m fast``): neither slow, real_model nor wide;
 - ``readme``, the README's test command (``pytest -m readme``): every test that is neither slow nor real_model, and

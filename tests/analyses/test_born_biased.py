@@ -36,6 +36,7 @@ def reports():
     }
 
 
+@pytest.mark.wide  # four analyses at WIDE width: the README's command, not the inner loop
 def test_inter_sequence_cosine_ordering(reports):
     inter = {k: r.contraction.inter[-1].item() for k, r in reports.items()}
     # measured: relu 0.51, gelu 0.11, gated silu 0.012
@@ -44,12 +45,14 @@ def test_inter_sequence_cosine_ordering(reports):
     assert 0 <= inter["llama"] < 0.05
 
 
+@pytest.mark.wide
 def test_inter_sequence_cosine_rises_with_depth_for_relu(reports):
     inter = reports["relu"].contraction.inter
     assert abs(inter[0]) < 0.01  # token embeddings of random inputs share nothing
     assert torch.all(inter[1:-1].diff() > 0)
 
 
+@pytest.mark.wide
 def test_preference_is_fixed_by_the_seed(reports):
     sd = tau_null_sd(WIDE["d_vocab"])
     for name in ("relu", "gelu"):  # measured 0.93 / 0.81
@@ -60,6 +63,7 @@ def test_preference_is_fixed_by_the_seed(reports):
     assert abs(across_seeds) < 5 * sd  # 5 sd = 0.037
 
 
+@pytest.mark.wide
 def test_relu_prefers_some_tokens_more_than_gelu(reports):
     tp = {k: r.token_preference for k, r in reports.items()}
     assert tp["relu"].max_min_ratio > tp["gelu"].max_min_ratio > 1.5

@@ -11,7 +11,11 @@ from pathlib import Path
 
 import pytest
 
-requires_chromium = pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium (.ci/run installs it)")
+def requires_chromium(test):
+    """A test that opens a page in headless Chromium: skipped without it; ``wide`` (a browser's start is seconds:
+    the README's command runs it, the inner loop does not)."""
+    skip = pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium (.ci/run installs it)")
+    return pytest.mark.wide(skip(test))
 
 PAGE_BUDGET = 1_000_000  # bytes: a report page with one circuitsvis bundle, its figures and its CSVs
 
