@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+
 def requires_chromium(test):
     """A test that opens a page in headless Chromium: skipped without it; ``wide`` (a browser's start is seconds:
     the README's command runs it, the inner loop does not)."""
