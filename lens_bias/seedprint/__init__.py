@@ -18,7 +18,8 @@ families (:mod:`~lens_bias.seedprint.families`).
 Modules: :mod:`~lens_bias.seedprint.fingerprints` (the features), :mod:`~lens_bias.seedprint.statistic` (identity
 dimensions, τ̄), :mod:`~lens_bias.seedprint.align`, :mod:`~lens_bias.seedprint.nulls`,
 :mod:`~lens_bias.seedprint.lineage` (the test), :mod:`~lens_bias.seedprint.comparison` (``compare`` and its default
-test, ``align="auto"``), :mod:`~lens_bias.seedprint.correspondence` (the token and basis maps it reads), :mod:`~lens_bias.seedprint.tables` (whether two embedding tables agree beyond chance,
+test, ``align="auto"``), :mod:`~lens_bias.seedprint.correspondence` (the token and basis maps it reads),
+:mod:`~lens_bias.seedprint.tables` (whether two embedding tables agree beyond chance,
 which ``align="auto"`` asks between trained models), :mod:`~lens_bias.seedprint.families` (with its run of models,
 :mod:`~lens_bias.seedprint.lineage_run`, its cache, :mod:`~lens_bias.seedprint.cache`, and the saved
 :mod:`~lens_bias.seedprint.readings` its default test reads where the models are not at hand) and

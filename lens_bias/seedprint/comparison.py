@@ -9,7 +9,8 @@ one pipeline: :func:`compare`, :func:`~lens_bias.seedprint.pairwise_lineage` and
 
 >>> import lens_bias
 >>> small = dict(d_model=64, n_layers=2, n_heads=4, d_vocab=500, n_ctx=16)
->>> result = compare(lens_bias.random_init("llama", seed=1, **small), lens_bias.random_init("llama", seed=1, **small), n=64, seq_len=16, progress=False)
+>>> base, copy = (lens_bias.random_init("llama", seed=1, **small) for _ in range(2))
+>>> result = compare(base, copy, n=64, seq_len=16, progress=False)
 >>> result.same_lineage, result.basis_map
 (True, 'identity')
 """
