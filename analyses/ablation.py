@@ -16,10 +16,11 @@ from typing import Any, ClassVar, Mapping, Sequence, Union
 import pandas as pd
 from tqdm.auto import tqdm
 
-from lens_bias.analyses.base import Result, run_analyses
+from lens_bias.analyses.base import Result, Results, run_analyses
 from lens_bias.analyses.contraction import Contraction, plot_contraction
+from lens_bias.analyses.plan import ExtraPass, RunPlan
 from lens_bias.analyses.token_preference import TokenPreference
-from lens_bias.core.adapter import ModelAdapter
+from lens_bias.core.adapter import ModelAdapter, one_adapter_per_call
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.inputs import Inputs, resolve_inputs
 from lens_bias.hooks.attention import SelfOnlyAttention, UniformAttention
@@ -79,6 +80,7 @@ class AblationResult(Result):
         return "ablations (same inputs; values after the final norm):\n" + "\n".join("  " + line for line in text.splitlines()) + skipped
 
 
+@one_adapter_per_call
 def ablate(
     model: Any,
     *,
@@ -112,7 +114,7 @@ def ablate(
     Returns:
         An :class:`AblationResult` with one tidy table.
     """
-    adapter = ModelAdapter(model)
+    adapter = ModelAdapter.of(model)
     skipped: dict[str, str] = {}
     if conditions is None:
         skipped = {k: why for k, v in CONDITIONS.items() if (why := refusal(model, v)) is not None}
@@ -138,3 +140,22 @@ def ablate(
         frames.append(frame)
     table = pd.concat(frames, ignore_index=True)
     return AblationResult(table=table, conditions=records, skipped=skipped)
+
+
+@dataclass(frozen=True)
+class Ablations(ExtraPass[AblationResult]):
+    """The report's ablation table: :func:`ablate` on the report's inputs, one more pass per condition
+    (``analyze(model, sections=[..., "ablations"])``)."""
+
+    name: ClassVar[str] = "ablations"
+    order = 10
+
+    conditions: Union[Sequence[str], dict[str, Sequence[Intervention]], None] = None  # as ablate's (None: every one that acts)
+
+    def check(self, plan: RunPlan) -> None:
+        if plan.interventions:
+            raise LensBiasError("the ablations run their own edits on the unedited model; for them under your edits call "
+                                "lens_bias.ablate with conditions={name: [*your_edits, ...]}")
+
+    def run(self, plan: RunPlan, results: Results) -> AblationResult:
+        return ablate(plan.model, conditions=self.conditions, inputs=plan.inputs, batch_size=plan.settings.batch_size, progress=plan.progress)

@@ -19,7 +19,7 @@ import pandas as pd
 from jaxtyping import Int
 from torch import Tensor
 
-from lens_bias.core.adapter import ModelAdapter
+from lens_bias.core.adapter import ModelAdapter, one_adapter_per_call
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.inputs import Inputs, InputSpec, RandomTokens
 from lens_bias.core.model_facts import ModelInfo
@@ -28,7 +28,7 @@ from lens_bias.core.registry import Registry
 from lens_bias.core.serialise import Serialisable
 from lens_bias.hooks.base import edit_hooks, fix_for_inputs
 
-__all__ = ["Analysis", "Result", "Results", "SECTIONS", "run_analyses", "measure"]
+__all__ = ["Analysis", "Planned", "Result", "Results", "SECTIONS", "run_analyses", "run_planned", "measure"]
 
 
 class Result(Serialisable):
@@ -155,21 +155,25 @@ class Analysis(Generic[R]):
     def unavailable(self, adapter: ModelAdapter) -> str | None:
         """Why this analysis cannot run on the model, in one line; ``None`` when it can. ``analyze`` skips such a
         section by default and lists the reason (``BiasReport.skipped``); asked for by name, it is refused with it."""
+        return self.planned(adapter).unavailable
+
+    def planned(self, adapter: ModelAdapter) -> "Planned":
+        """This analysis on the model: its probes and whether it can run, computed once for the plan and the pass."""
         if self.dense_mlp_only and adapter.info.n_experts is not None:
-            return (f"{self.name} ranks the units of one MLP per layer; this model routes each token to {adapter.info.n_experts} experts' MLPs "
-                    "(super_experts reads them per expert)")
+            return Planned(self, {}, f"{self.name} ranks the units of one MLP per layer; this model routes each token to {adapter.info.n_experts} "
+                                     "experts' MLPs (super_experts reads them per expert)")
         if not self.applies_to(adapter.info):
             kind = "attention-only " if adapter.info.attn_only else ""
-            return f"{self.name} does not apply to this {kind}{adapter.info.architecture or adapter.info.family} model"
+            return Planned(self, {}, f"{self.name} does not apply to this {kind}{adapter.info.architecture or adapter.info.family} model")
         try:
-            hooks = sorted({p.hook for p in self.probes(adapter).values()})
+            probes = self.probes(adapter)
         except LensBiasError as err:
-            return str(err)
-        missing = [h for h in hooks if not adapter.has_hook(h)]
+            return Planned(self, {}, str(err))
+        missing = sorted({p.hook for p in probes.values() if not adapter.has_hook(p.hook)})
         if missing:
             more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-            return f"{self.name} reads {missing[0]}{more}, which this {adapter.info.architecture or adapter.info.family} model does not have"
-        return None
+            return Planned(self, {}, f"{self.name} reads {missing[0]}{more}, which this {adapter.info.architecture or adapter.info.family} model does not have")
+        return Planned(self, probes, None)
 
     def probes(self, adapter: ModelAdapter) -> Mapping[Hashable, Probe]:
         """The hook reads this analysis needs, by names of its own choosing (e.g. ``("alpha", layer)``)."""
@@ -178,6 +182,15 @@ class Analysis(Generic[R]):
     def finalize(self, adapter: ModelAdapter, kept: Mapping[Hashable, Tensor], spec: InputSpec) -> R:
         """Build the result from ``{name in probes(): tensor[n, ...]}``."""
         raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Planned:
+    """An analysis with the probes it reads on one model, or why it cannot run there (then no probes)."""
+
+    analysis: Analysis[Any]
+    probes: Mapping[Hashable, Probe]
+    unavailable: str | None
 
 
 class Results(dict[str, Result]):
@@ -217,20 +230,35 @@ def run_analyses(
     ``interventions``: lens_bias.hooks interventions and/or ``(hook_name, fn)`` pairs attached for the pass, in
     order (:func:`lens_bias.hooks.base.edit_hooks`).
     """
+    return run_planned(adapter, inputs, spec, [a.planned(adapter) for a in analyses], batch_size=batch_size, interventions=interventions,
+                       progress=progress)
+
+
+def run_planned(
+    adapter: ModelAdapter,
+    inputs: Inputs,
+    spec: InputSpec,
+    planned: Sequence[Planned],
+    *,
+    batch_size: int | None = None,
+    interventions: Sequence[Any] = (),
+    progress: bool = True,
+) -> Results:
+    """:func:`run_analyses` on analyses already planned on this model (:meth:`Analysis.planned`): their probes are
+    not asked for again."""
     if spec.n != inputs.shape[0]:  # sums over sequences are divided by spec.n
         raise LensBiasError(f"the input spec says {spec.n} sequences but the inputs hold {inputs.shape[0]}; describe the inputs passed")
-    for analysis in analyses:
-        reason = analysis.unavailable(adapter)
-        if reason is not None:
-            raise LensBiasError(f"section {analysis.name} cannot run on this model: {reason}; leave it out")
-    wanted = [a.probes(adapter) for a in analyses]
+    for plan in planned:
+        if plan.unavailable is not None:
+            raise LensBiasError(f"section {plan.analysis.name} cannot run on this model: {plan.unavailable}; leave it out")
     hooks = edit_hooks(adapter.model, fix_for_inputs(adapter.model, interventions, inputs, batch_size))  # the same at any batch size
-    kept = adapter.collect(inputs, [p for probes in wanted for p in probes.values()], batch_size=batch_size, hooks=hooks, progress=progress)
+    kept = adapter.collect(inputs, [p for plan in planned for p in plan.probes.values()], batch_size=batch_size, hooks=hooks, progress=progress)
     return Results(
-        (a.name, a.finalize(adapter, {local: kept[p.key] for local, p in probes.items()}, spec)) for a, probes in zip(analyses, wanted)
+        (plan.analysis.name, plan.analysis.finalize(adapter, {local: kept[p.key] for local, p in plan.probes.items()}, spec)) for plan in planned
     )
 
 
+@one_adapter_per_call
 def measure(
     model: Any, tokens: Union[Int[Tensor, "n seq"], RandomTokens], analyses: Sequence[Analysis[Any]], *, interventions: Sequence[Any] = (), batch_size: int | None = None,
     progress: bool = False,
@@ -245,4 +273,4 @@ def measure(
     torch.Size([2, 4, 8])
     """
     spec = InputSpec(kind="tokens", n=tokens.shape[0], seq_len=tokens.shape[1], seed=None)
-    return run_analyses(ModelAdapter(model), tokens, spec, analyses, batch_size=batch_size, interventions=interventions, progress=progress)
+    return run_analyses(ModelAdapter.of(model), tokens, spec, analyses, batch_size=batch_size, interventions=interventions, progress=progress)

@@ -34,7 +34,7 @@ from torch import Tensor
 
 from lens_bias.analyses.base import Analysis, Result, measure
 from lens_bias.analyses.perplexity import PerplexityTable, perplexity_table
-from lens_bias.core.adapter import ModelAdapter
+from lens_bias.core.adapter import ModelAdapter, one_adapter_per_call
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.figures import layer_axis, new_figure
 from lens_bias.core.inputs import InputSpec
@@ -258,6 +258,7 @@ class MassiveActivations(Analysis[MassiveActivationsResult]):
         return result
 
 
+@one_adapter_per_call
 def massive_activations(
     model: Any,
     tokens: Int[Tensor, "n seq"],
@@ -291,12 +292,13 @@ def massive_activations(
         A :class:`MassiveActivationsResult`.
     """
     analysis = MassiveActivations(top=top, massive_abs=massive_abs, massive_ratio=massive_ratio)
-    width = tokens.shape[1] * ModelAdapter(model).info.d_model
+    width = tokens.shape[1] * ModelAdapter.of(model).info.d_model
     if top > width:
         raise LensBiasError(f"top={top} exceeds the {width} values of one sequence's hidden state; pass top <= {width}")
     return measure(model, tokens, [analysis], batch_size=batch_size, progress=progress).of(MassiveActivations)
 
 
+@one_adapter_per_call
 def massive_ablation(
     model: Any,
     tokens: Int[Tensor, "n seq"],
@@ -353,7 +355,7 @@ def massive_ablation(
     zero = SetActivations(layer=layer, dims=dims, positions=positions, values=(0.0,))  # validates before a pass
     hook = f"blocks.{layer}.hook_resid_post"
     probe = Probe(hook, f"at{list(positions)}x{list(dims)}", lambda x: x[:, list(positions)][:, :, list(dims)])
-    mean = ModelAdapter(model).collect(tokens, [probe], batch_size=batch_size, progress=progress, desc="massive mean")[probe.key].mean(dim=0)
+    mean = ModelAdapter.of(model).collect(tokens, [probe], batch_size=batch_size, progress=progress, desc="massive mean")[probe.key].mean(dim=0)
     at_mean = Compose(tuple(SetActivations(layer=layer, dims=dims, positions=(p,), values=tuple(mean[i].tolist())) for i, p in enumerate(positions)))
     where = f"h[:, {list(positions)}, {list(dims)}] at {hook}"
     logger.info("massive ablation at layer %d, positions %s, dims %s; mean %s", layer, positions, dims, mean.tolist())

@@ -28,7 +28,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from lens_bias.analyses.base import Result
-from lens_bias.core.adapter import ModelAdapter
+from lens_bias.core.adapter import ModelAdapter, one_adapter_per_call
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.probes import Probe
 
@@ -92,6 +92,7 @@ def _at(position: int, absolute: bool) -> Any:
     return lambda x: (x[:, position].abs() if absolute else x[:, position]).double().sum(dim=0)
 
 
+@one_adapter_per_call
 def massive_writes(model: Any, tokens: Int[Tensor, "n seq"], *, dim: int | None = None, position: int = 0) -> MassiveWrites:
     """The writes into residual dimension ``dim`` at ``position``, averaged over ``tokens``' sequences.
 
@@ -105,7 +106,7 @@ def massive_writes(model: Any, tokens: Int[Tensor, "n seq"], *, dim: int | None 
     Returns:
         A :class:`MassiveWrites`.
     """
-    adapter = ModelAdapter(model)
+    adapter = ModelAdapter.of(model)
     info = adapter.info
     if not isinstance(tokens, Tensor) or tokens.ndim != 2 or tokens.dtype.is_floating_point:
         raise LensBiasError("massive_writes needs token IDs: an integer tensor [n, seq] (e.g. lens_bias.core.inputs.text_tokens)")

@@ -22,7 +22,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from lens_bias.analyses.base import Result
-from lens_bias.core.adapter import ModelAdapter
+from lens_bias.core.adapter import ModelAdapter, one_adapter_per_call
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.probes import on_device
 from lens_bias.hooks.base import InterventionLike, fix_for_inputs, intervene
@@ -45,6 +45,7 @@ def _check_tokens(adapter: ModelAdapter, tokens: Any) -> None:
     adapter.check_inputs(tokens)
 
 
+@one_adapter_per_call
 def perplexity(
     model: Any,
     tokens: Int[Tensor, "n seq"],
@@ -71,7 +72,7 @@ def perplexity(
     Returns:
         The perplexity, a Python float.
     """
-    adapter = ModelAdapter(model)
+    adapter = ModelAdapter.of(model)
     _check_tokens(adapter, tokens)
     n, seq_len = tokens.shape
     if batch_size is None:
@@ -132,6 +133,7 @@ class PerplexityTable(Result):
         return "\n".join(lines)
 
 
+@one_adapter_per_call
 def perplexity_table(
     model: Any,
     eval_tokens: Int[Tensor, "n seq"],

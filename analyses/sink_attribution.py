@@ -25,12 +25,13 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from lens_bias.analyses.base import Result
+from lens_bias.analyses.base import Result, Results
 from lens_bias.analyses.perplexity import perplexity
+from lens_bias.analyses.plan import ExtraPass, RunPlan
 from lens_bias.analyses.sink_conditions import MOVES, Condition, anatomy_conditions, condition_list, massive_dims
 from lens_bias.analyses.sinks import DEFAULT_EPS, Sinks
 from lens_bias.analyses.super_neurons import dominance_ratio
-from lens_bias.core.adapter import ModelAdapter
+from lens_bias.core.adapter import ModelAdapter, one_adapter_per_call
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.figures import integer_ticks, new_figure
 from lens_bias.core.inputs import InputSpec, check_later_position
@@ -243,6 +244,7 @@ def _measured(
     }
 
 
+@one_adapter_per_call
 def sink_attribution(
     model: Any,
     tokens: Int[Tensor, "n seq"],
@@ -300,7 +302,7 @@ def sink_attribution(
         skipped = {c.name: why for c in chosen if (why := refusal(model, c.interventions)) is not None}
         chosen = [c for c in chosen if c.name not in skipped]
     records = [edit_records(c.interventions) for c in chosen]  # before the passes: an edit that cannot be recorded fails now
-    adapter = ModelAdapter(model)
+    adapter = ModelAdapter.of(model)
     n_layers = adapter.info.n_layers
     dims = massive_dims(chosen, model, calibration, batch_size, progress)
     sinks = Sinks(eps=eps, per_sequence=True)  # paired tests between conditions read α of every sequence
@@ -322,3 +324,29 @@ def sink_attribution(
     )
 
 
+
+
+@dataclass(frozen=True)
+class SinkAttribution(ExtraPass[SinkAttributionResult]):
+    """The report's sink attribution: :func:`sink_attribution` on the report's token inputs (two passes per condition;
+    its odd sequences calibrate, its even ones are measured), whose verdicts join the anatomy
+    (``analyze(model, sections=[..., "sink_attribution"])``)."""
+
+    name: ClassVar[str] = "sink_attribution"
+    order = 20
+
+    # One already run on these inputs (``lens-bias attribution --html``), shown instead of running it again.
+    result: SinkAttributionResult | None = field(default=None, compare=False)
+
+    def check(self, plan: RunPlan) -> None:
+        if plan.interventions:
+            raise LensBiasError("the sink attribution runs its own edits on the unedited model; for it under your edits call "
+                                "lens_bias.sink_attribution with conditions={name: [*your_edits, ...]}")
+        if plan.spec.kind == "embeddings":
+            raise LensBiasError("the sink attribution measures token inputs (perplexity needs next tokens): pass inputs='text' or 'tokens'")
+
+    def run(self, plan: RunPlan, results: Results) -> SinkAttributionResult:
+        if self.result is not None:
+            return self.result
+        assert plan.tokens is not None  # check refused embedding inputs
+        return sink_attribution(plan.model, plan.tokens, batch_size=plan.settings.batch_size, progress=plan.progress)

@@ -74,7 +74,7 @@ def _mean_state_probe(hook: str) -> Probe:
 
 def _mean_states(model: Any, calibration: Tensor, batch_size: int | None, progress: bool) -> Float[Tensor, "layer d_model"]:
     """Each block output's mean state over the calibration sequences and their positions ≥ 1."""
-    adapter = ModelAdapter(model)
+    adapter = ModelAdapter.of(model)
     probes = [_mean_state_probe(f"blocks.{layer}.hook_resid_post") for layer in range(adapter.info.n_layers)]
     kept = adapter.collect(calibration, probes, batch_size=batch_size, progress=progress, desc="calibration means")
     count = calibration.shape[0] * (calibration.shape[1] - 1)
@@ -107,7 +107,7 @@ def anatomy_conditions(
     Returns:
         The conditions, "unedited" first.
     """
-    info = ModelAdapter(model).info
+    info = ModelAdapter.of(model).info
     if info.attn_only or info.d_mlp is None:
         raise LensBiasError("sink_attribution's default conditions edit MLP down-projections; this model is attention-only: pass conditions=")
     if position >= calibration.shape[1]:
@@ -181,9 +181,9 @@ def massive_dims(conditions: Sequence[Condition], model: Any, calibration: Tenso
         for iv in condition.interventions:
             parts = iv.parts if isinstance(iv, Compose) else (iv,)
             dims = list(dict.fromkeys(d for part in parts if isinstance(part, SetActivations) and part.positions == (0,) for d in part.dims))
-            if 0 < len(dims) < ModelAdapter(model).info.d_model:
+            if 0 < len(dims) < ModelAdapter.of(model).info.d_model:
                 return dims  # in the order the condition set them: the largest massive dim first
-    if ModelAdapter(model).info.n_experts is not None:  # no single MLP per layer to rank
+    if ModelAdapter.of(model).info.n_experts is not None:  # no single MLP per layer to rank
         return [measure(model, calibration, [MassiveActivations()], batch_size=batch_size).of(MassiveActivations).largest_at_first()[1]]
     found = measure(model, calibration, [SuperNeurons()], batch_size=batch_size, progress=progress).of(SuperNeurons)
     return [found.massive_dim]

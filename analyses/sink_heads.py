@@ -22,8 +22,11 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from lens_bias.analyses.base import Result
-from lens_bias.core.adapter import ModelAdapter
+from lens_bias.analyses.base import Result, Results
+from lens_bias.analyses.plan import ExtraPass, RunPlan
+from lens_bias.analyses.sink_attribution import SinkAttributionResult
+from lens_bias.analyses.sinks import Sinks
+from lens_bias.core.adapter import ModelAdapter, one_adapter_per_call
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.probes import Probe
 from lens_bias.hooks.base import Intervention, edit_hooks
@@ -94,6 +97,7 @@ def token_strings(model: Any, ids: Sequence[int]) -> list[str]:
     return [str(i) for i in ids]
 
 
+@one_adapter_per_call
 def sink_heads(
     model: Any,
     tokens: Int[Tensor, " seq"],
@@ -118,7 +122,7 @@ def sink_heads(
         raise LensBiasError(f"sink_heads shows one sequence of token IDs [seq]; got shape {tuple(tokens.shape)} (pass tokens[i])")
     if not heads:
         raise LensBiasError("sink_heads needs at least one (layer, head); pick them from report.sinks.rate_by_head(0)")
-    info = ModelAdapter(model).info
+    info = ModelAdapter.of(model).info
     bad = [(layer, head) for layer, head in heads if not (0 <= layer < info.n_layers and 0 <= head < info.n_heads)]
     if bad:
         raise LensBiasError(f"heads {bad} are not in this model ({info.n_layers} layers × {info.n_heads} heads)")
@@ -127,9 +131,41 @@ def sink_heads(
     probes = {layer: Probe(f"blocks.{layer}.attn.hook_pattern", "pattern", lambda x: x) for layer in layers}
     named = {"unedited": [], **(dict(conditions) if conditions else {})}
     patterns = []
-    adapter = ModelAdapter(model)
+    adapter = ModelAdapter.of(model)
     for edits in named.values():
         kept = adapter.collect(window_tokens, list(probes.values()), hooks=edit_hooks(model, list(edits)), progress=False)
         patterns.append(torch.stack([kept[probes[layer].key][0, head] for layer, head in heads]).float())
     return SinkHeadsResult(heads=[(int(a), int(b)) for a, b in heads], head_names=[f"L{a}H{b}" for a, b in heads],
                            tokens=token_strings(model, window_tokens[0].tolist()), conditions=list(named), patterns=torch.stack(patterns))
+
+
+@dataclass(frozen=True)
+class SinkHeads(ExtraPass[SinkHeadsResult]):
+    """The report's view of its strongest sink heads on its first sequence, on the unedited model (a short pass of
+    its own per condition); with the sink attribution, also under the cheapest condition that removes the sink.
+    A trained model's whole report draws it; a random init has no sink to show."""
+
+    name: ClassVar[str] = "sink_heads"
+    order = 30
+
+    def in_default(self, regime: str) -> bool:
+        return regime == "trained"
+
+    def check(self, plan: RunPlan) -> None:
+        if not any(p.analysis.name == "sinks" for p in plan.sections) and "sinks" not in plan.skipped:
+            raise LensBiasError("the sink_heads view shows the heads the sinks section ranks: ask for sections=[..., 'sinks', 'sink_heads']")
+
+    def applies(self, plan: RunPlan, results: Results) -> bool:
+        return plan.regime == "trained" and "sinks" in results and plan.spec.kind != "embeddings" and not plan.interventions
+
+    def run(self, plan: RunPlan, results: Results) -> SinkHeadsResult:
+        assert plan.tokens is not None  # applies() holds only for token inputs
+        rate = results.of(Sinks).rate_by_head(0)
+        top = rate.flatten().topk(min(N_HEADS, rate.numel())).indices.tolist()
+        heads = [(i // rate.shape[1], i % rate.shape[1]) for i in top]
+        conditions = {}
+        attribution = results.get("sink_attribution")
+        if isinstance(attribution, SinkAttributionResult) and (name := attribution.headline()["cheapest_removal"]) is not None:
+            records = attribution.interventions[attribution.conditions.index(name)]
+            conditions[f"under {name}"] = [Intervention.from_dict(record) for record in records]
+        return sink_heads(plan.model, plan.tokens[0], heads, conditions=conditions)

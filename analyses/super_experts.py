@@ -24,7 +24,7 @@ from torch import Tensor
 
 from lens_bias.analyses.base import Analysis, Result, measure
 from lens_bias.analyses.super_weights import SPIKE, check_top_and_position
-from lens_bias.core.adapter import ModelAdapter
+from lens_bias.core.adapter import ModelAdapter, one_adapter_per_call
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.experts import expert_activations, moe_layer, moe_layers, route
 from lens_bias.core.inputs import InputSpec
@@ -184,6 +184,7 @@ class SuperExperts(Analysis[SuperExpertsResult]):
         return result
 
 
+@one_adapter_per_call
 def super_experts(
     model: Any,
     tokens: Int[Tensor, "n seq"],
@@ -217,7 +218,7 @@ def super_experts(
         A :class:`SuperExpertsResult`.
     """
     analysis = SuperExperts(top=top, position=position)
-    why = analysis.unavailable(ModelAdapter(model))
+    why = analysis.unavailable(ModelAdapter.of(model))
     if why is not None:
         raise LensBiasError(why)
     return measure(model, tokens, [analysis], interventions=interventions, batch_size=batch_size, progress=progress).of(SuperExperts)

@@ -28,7 +28,7 @@ from torch import Tensor
 
 from lens_bias.analyses.base import Analysis, Result, measure
 from lens_bias.analyses.perplexity import PerplexityTable, perplexity_table
-from lens_bias.core.adapter import ModelAdapter
+from lens_bias.core.adapter import ModelAdapter, one_adapter_per_call
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.figures import layer_axis, new_figure
 from lens_bias.core.inputs import InputSpec
@@ -237,6 +237,7 @@ class SuperWeights(Analysis[SuperWeightsResult]):
         return result
 
 
+@one_adapter_per_call
 def super_weights(
     model: Any,
     tokens: Int[Tensor, "n seq"],
@@ -268,12 +269,13 @@ def super_weights(
     Returns:
         A :class:`SuperWeightsResult`.
     """
-    if ModelAdapter(model).info.attn_only:
+    if ModelAdapter.of(model).info.attn_only:
         raise LensBiasError("super_weights reads MLP down-projections; this model is attention-only")
     analysis = SuperWeights(top=top, position=position)
     return measure(model, tokens, [analysis], interventions=interventions, batch_size=batch_size, progress=progress).of(SuperWeights)
 
 
+@one_adapter_per_call
 def super_weight_table(
     model: Any,
     tokens: Int[Tensor, "n seq"],

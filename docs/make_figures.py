@@ -42,7 +42,7 @@ def main() -> None:
 
     smol = lens_bias.models.pretrained("smollm2-135m-instruct")
     # 64 windows: the attribution measures the even 32 and calibrates on the odd 32
-    report = lens_bias.analyze(smol, inputs="text", n_sequences=64, seq_len=64, attribution=True, progress=False)
+    report = lens_bias.analyze(smol, [..., "sink_attribution"], inputs="text", n_sequences=64, seq_len=64, progress=False)
     fig = report.sinks.plot(position=0)
     fig.suptitle("SmolLM2-135M-Instruct on held-out text")
     save(fig, "smollm2_sinks.png")

@@ -70,7 +70,7 @@ class SetActivations(Intervention):
         object.__setattr__(self, "values", tuple(float(v) for v in values))
 
     def fwd_hooks(self, model: Any) -> list[FwdHook]:
-        adapter = ModelAdapter(model)
+        adapter = ModelAdapter.of(model)
         info = adapter.info
         if self.layer >= info.n_layers:
             raise LensBiasError(f"SetActivations: layer {self.layer} does not exist; the model has {info.n_layers} layers")

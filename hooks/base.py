@@ -108,7 +108,7 @@ class Intervention:
     def fwd_hooks(self, model: Any) -> list[FwdHook]:
         """TL forward hooks that apply this intervention to ``model``; fresh closures on every call."""
         hooks = [hook for layer in self.model_layers(model) for hook in self.layer_hooks(model, layer)]
-        ModelAdapter(model).require([name for name, _ in hooks], type(self).__name__)
+        ModelAdapter.of(model).require([name for name, _ in hooks], type(self).__name__)
         return hooks
 
     def __add__(self, other: "Intervention") -> "Compose":
@@ -263,7 +263,7 @@ def refusal(model: Any, interventions: Sequence[InterventionLike]) -> str | None
     in one line; ``None`` when every edit acts. What a default run skips, and says it skipped."""
     try:
         hooks = as_hooks(model, interventions)
-        ModelAdapter(model).check_edits_act(hooks)
+        ModelAdapter.of(model).check_edits_act(hooks)
     except LensBiasError as err:
         return str(err)
     return None
@@ -313,7 +313,7 @@ def intervene(model: Any, *interventions: InterventionLike) -> Iterator[Any]:
     """
     fired: set[str] = set()
     hooks = as_hooks(model, interventions)
-    ModelAdapter(model).check_edits_act(hooks)
+    ModelAdapter.of(model).check_edits_act(hooks)
     # Observe the start of every forward pass, so edits that never fire are told apart from no pass at all.
     started = ("blocks.0.hook_resid_pre", lambda x, hook: fired.add(_STARTED))
     with model.hooks(fwd_hooks=[started] + [(name, counting(name, fn, fired)) for name, fn in hooks]):

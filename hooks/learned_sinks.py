@@ -37,7 +37,7 @@ class RemoveLearnedSinks(Intervention):
     """
 
     def fwd_hooks(self, model: Any) -> list[FwdHook]:
-        if not ModelAdapter(model).info.learned_sinks:
+        if not ModelAdapter.of(model).info.learned_sinks:
             raise LensBiasError("RemoveLearnedSinks: this model declares no learned sink (no attention module has a `sinks` logit); its rows already sum to 1")
         return super().fwd_hooks(model)
 

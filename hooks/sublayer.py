@@ -77,7 +77,7 @@ class ZeroOutputDims(Intervention):
         object.__setattr__(self, "dims", dims)
 
     def fwd_hooks(self, model: Any) -> list[FwdHook]:
-        info = ModelAdapter(model).info
+        info = ModelAdapter.of(model).info
         if self.layer >= info.n_layers:
             raise LensBiasError(f"ZeroOutputDims: layer {self.layer} does not exist; the model has {info.n_layers} layers")
         too_wide = [d for d in self.dims if d >= info.d_model]
@@ -86,7 +86,7 @@ class ZeroOutputDims(Intervention):
         if self.sublayer == "mlp" and info.attn_only:
             raise LensBiasError("this model is attention-only: it has no MLP output to edit")
         name = f"blocks.{self.layer}.hook_{self.sublayer}_out"
-        ModelAdapter(model).require([name], "ZeroOutputDims")
+        ModelAdapter.of(model).require([name], "ZeroOutputDims")
         dims = list(self.dims)
 
         def hook_fn(out: Tensor, hook: Any) -> Tensor:  # [batch, pos, d_model]
@@ -114,5 +114,5 @@ class SubtractPositionEmbedding(Intervention):
             raise LensBiasError("SubtractPositionEmbedding acts before the first layer; it takes no layers=")
 
     def fwd_hooks(self, model: Any) -> list[FwdHook]:
-        ModelAdapter(model).require(["hook_pos_embed"], "SubtractPositionEmbedding")
+        ModelAdapter.of(model).require(["hook_pos_embed"], "SubtractPositionEmbedding")
         return [("hook_pos_embed", _zero)]

@@ -100,7 +100,7 @@ class AmplifyVariance(_EditAtPosition):
         if self.mean is not None:
             return self
         check_in_sequence(self.position, int(inputs.shape[1]), "AmplifyVariance")
-        adapter = ModelAdapter(model)
+        adapter = ModelAdapter.of(model)
         k, n = self.position, int(inputs.shape[0])
         means = torch.zeros(adapter.info.n_layers, adapter.info.d_model, dtype=torch.float64)
         done = replace(self, mean=tuple(map(tuple, means.tolist())), layers=())

@@ -50,7 +50,7 @@ def _coordinate(weight: Any, owner: str) -> Coordinate:
 
 def _removal_hooks(model: Any, weights: Sequence[Coordinate], owner: str) -> list[FwdHook]:
     """Two hooks per layer: capture the needed units' activations, subtract their weights' contributions."""
-    adapter = ModelAdapter(model)
+    adapter = ModelAdapter.of(model)
     info = adapter.info
     if info.attn_only or info.d_mlp is None:
         raise LensBiasError(f"{owner}: this model is attention-only; it has no MLP weights to remove")
@@ -124,7 +124,7 @@ def _expert_hooks(model: Any, layer: int, expert: int, row: int, col: int, owner
         return out.index_add(-1, torch.tensor([row], device=out.device), -written.view(*out.shape[:-1], 1))
 
     hooks = [(f"blocks.{layer}.mlp.hook_in", capture), (f"blocks.{layer}.hook_mlp_out", subtract)]
-    ModelAdapter(model).require([name for name, _ in hooks], owner)
+    ModelAdapter.of(model).require([name for name, _ in hooks], owner)
     return hooks
 
 

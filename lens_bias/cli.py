@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import logging
 import os
@@ -17,6 +16,7 @@ import torch
 
 from lens_bias import seedprint
 from lens_bias.analyses.base import SECTIONS
+from lens_bias.analyses.plan import PASSES
 from lens_bias.core import memory
 from lens_bias.core.corpora import code, prose, text_files
 from lens_bias.core.errors import LensBiasError, MissingExtra
@@ -24,7 +24,7 @@ from lens_bias.core.serialise import parse_assignments
 from lens_bias.experiments.base import EXPERIMENTS
 from lens_bias.models import ARCHITECTURES, ModelSpec, load_model, random_init
 from lens_bias.models.checkpoints import save_checkpoint
-from lens_bias.report import analyze
+from lens_bias.report import AnalyzeSettings, analyze
 from lens_bias.seedprint import FingerprintSettings, LineageSettings
 from lens_bias.training import TokenData, TrainSettings, train
 
@@ -35,9 +35,9 @@ _ALL_ACTS = sorted({a for family in ARCHITECTURES.values() for a in family.activ
 _ALL_POS = sorted({p for family in ARCHITECTURES.values() for p in family.positional_embeddings})
 # The random-init flags default to ModelSpec's fields: `lens-bias analyze` builds the model random_init() builds.
 _SPEC_DEFAULTS = {f.name: f.default for f in fields(ModelSpec)}
-# analyze's flags default to analyze()'s keywords, train's to TrainSettings (half its batch: the command trains small
+# analyze's flags default to AnalyzeSettings, train's to TrainSettings (half its batch: the command trains small
 # models on a laptop's cores), the SeedPrint commands' to FingerprintSettings and LineageSettings.
-_ANALYZE = {name: p.default for name, p in inspect.signature(analyze).parameters.items()}
+_ANALYZE = AnalyzeSettings()
 _TRAIN = TrainSettings(batch_size=16)
 
 
@@ -137,13 +137,14 @@ def _analyze_parser(command: Command) -> None:
     m.add_argument("--dtype", choices=sorted(_DTYPES), default="float32", help="model dtype")
     _add_placement(m)
     r = a.add_argument_group("inputs and output")
-    r.add_argument("--inputs", choices=["tokens", "text", "embeddings"], default=_ANALYZE["inputs"],
+    r.add_argument("--inputs", choices=["tokens", "text", "embeddings"], default=_ANALYZE.inputs,
                    help="random token IDs, held-out text (needs a model with a tokenizer) or Gaussian embeddings")
-    r.add_argument("--n-sequences", type=int, default=_ANALYZE["n_sequences"], help="random sequences")
-    r.add_argument("--seq-len", type=int, default=_ANALYZE["seq_len"], help="tokens per sequence")
-    r.add_argument("--input-seed", type=int, default=_ANALYZE["seed"], help="seed of the random inputs")
+    r.add_argument("--n-sequences", type=int, default=_ANALYZE.n_sequences, help="random sequences")
+    r.add_argument("--seq-len", type=int, default=_ANALYZE.seq_len, help="tokens per sequence")
+    r.add_argument("--input-seed", type=int, default=_ANALYZE.seed, help="seed of the random inputs")
     r.add_argument("--batch-size", type=int, default=None, help="sequences per forward pass (default: automatic)")
-    r.add_argument("--sections", nargs="+", choices=list(SECTIONS), default=None, help="sections to compute (default: all)")
+    r.add_argument("--sections", nargs="+", choices=list(SECTIONS) + list(PASSES), default=None,
+                   help="sections and passes to compute (default: the whole report)")
     r.add_argument("--ablations", action="store_true", help="add the ablation table (one more pass per condition)")
     r.add_argument("--attribution", action="store_true",
                    help="add what makes the sink, link by link (sink_attribution: two passes per condition; token or text inputs), after the anatomy")
@@ -273,18 +274,9 @@ def _analyze(args: argparse.Namespace) -> str:
         raise LensBiasError("--max-memory / --offload-folder place a pretrained --model; a random init is built whole")
     else:
         model = _random_model(args)
-    report = analyze(
-        model,
-        inputs=args.inputs,
-        n_sequences=args.n_sequences,
-        seq_len=args.seq_len,
-        seed=args.input_seed,
-        batch_size=args.batch_size,
-        progress=not args.no_progress,
-        sections=args.sections,
-        ablations=args.ablations,
-        attribution=args.attribution,
-    )
+    settings = AnalyzeSettings(inputs=args.inputs, n_sequences=args.n_sequences, seq_len=args.seq_len, seed=args.input_seed, batch_size=args.batch_size)
+    extra = (["ablations"] if args.ablations else []) + (["sink_attribution"] if args.attribution else [])
+    report = analyze(model, [*(args.sections or [...]), *extra], settings, progress=not args.no_progress)
     if args.html:
         report.to_html(args.html)
     return json.dumps(report.to_dict(results=False), indent=2) if args.json else str(report)

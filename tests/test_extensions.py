@@ -19,6 +19,7 @@ import torch
 import lens_bias
 from lens_bias import LensBiasError, seedprint
 from lens_bias.analyses.base import SECTIONS
+from lens_bias.analyses.plan import PASSES
 from lens_bias.cli import build_parser, main
 from lens_bias.experiments.base import EXPERIMENTS
 
@@ -35,6 +36,7 @@ def _walkthrough(heading: str) -> str:
 
 ANALYSIS = _walkthrough("## Add an analysis")
 
+MULTI_PASS = _walkthrough("## Add a section with passes of its own")
 INTERVENTION = _walkthrough("## Add an intervention")
 NULL = _walkthrough("## Add a null")
 EXPERIMENT = _walkthrough("## Add an experiment")
@@ -57,11 +59,13 @@ def extensions(tmp_path):
     from lens_bias.hooks import INTERVENTIONS
 
     modules = {name: _import_file(tmp_path, name, source) for name, source in (
-        ("resid_norm_ext", ANALYSIS), ("scale_residual_ext", INTERVENTION), ("fixed_null_ext", NULL), ("depth_ext", EXPERIMENT))}
+        ("resid_norm_ext", ANALYSIS), ("uniform_shift_ext", MULTI_PASS), ("scale_residual_ext", INTERVENTION), ("fixed_null_ext", NULL),
+        ("depth_ext", EXPERIMENT))}
     try:
         yield modules
     finally:
         SECTIONS.remove("resid_norm")
+        PASSES.remove("uniform_shift")
         INTERVENTIONS.remove("ScaleResidual")
         seedprint.NULLS.remove("fixed-normal")
         EXPERIMENTS.remove("depth")
@@ -92,6 +96,36 @@ def test_an_analysis_is_one_file(extensions, tmp_path):
     assert "resid_norm" not in lens_bias.analyze(attn_only, inputs=tokens, progress=False).sections
     with pytest.raises(LensBiasError, match="cannot run on this model: resid_norm does not apply to this attention-only"):
         lens_bias.analyze(attn_only, inputs=tokens, sections=["resid_norm"], progress=False)
+
+
+def test_a_section_with_passes_of_its_own_is_one_file(extensions, tmp_path, monkeypatch):
+    from lens_bias import BiasReport
+    from lens_bias.core import adapter as adapter_module
+    from lens_bias.hooks import UniformAttention
+    from lens_bias.report import plan_run
+
+    assert PASSES.names()[-1] == "uniform_shift"
+    model = shared_tiny("llama")
+    tokens = lens_bias.random_tokens(8, 8, 97, seed=0)
+    reads = []
+    real = adapter_module.read_model_info
+    monkeypatch.setattr(adapter_module, "read_model_info", lambda m: reads.append(m) or real(m))
+    report = lens_bias.analyze(model, ["contraction", "uniform_shift"], inputs=tokens, progress=False)
+    assert len(reads) == 1  # the pass ran on the call's one adapter
+    with torch.no_grad():
+        _, plain = model.run_with_cache(tokens)
+        with lens_bias.intervene(model, UniformAttention()):
+            _, edited = model.run_with_cache(tokens)
+    norm = lambda cache, layer: cache[f"blocks.{layer}.hook_resid_post"].norm(dim=-1).mean()  # noqa: E731
+    direct = torch.stack([norm(edited, layer) / norm(plain, layer) for layer in range(2)])
+    assert torch.allclose(report.uniform_shift.shift, direct, rtol=1e-5) and not torch.allclose(direct, torch.ones(2))
+    assert list(report.sections) == ["contraction", "uniform_shift"]
+    assert "<h2>Uniform attention</h2>" in report.to_html(tmp_path / "r.html").read_text() and "under uniform attention" in str(report)
+    back = BiasReport.from_dict(json.loads(json.dumps(report.to_dict())))
+    assert torch.equal(back.uniform_shift.shift, report.uniform_shift.shift)
+    assert "uniform_shift" in build_parser().parse_args(["analyze", "--sections", "uniform_shift"]).sections
+    assert "uniform_shift" in [p.name for p in plan_run(model, [..., "uniform_shift"]).passes]
+    assert "uniform_shift" not in lens_bias.analyze(model, inputs=tokens, progress=False).sections  # not in the default report
 
 
 def test_a_null_is_one_file(extensions):
@@ -163,13 +197,23 @@ def test_every_analysis_and_intervention_module_has_its_api_page_line():
 
 
 def test_each_registry_refuses_a_taken_name():
+    from lens_bias.analyses.ablation import AblationResult
     from lens_bias.analyses.base import Analysis
+    from lens_bias.analyses.plan import ExtraPass
     from lens_bias.experiments.base import Experiment
     from lens_bias.hooks import INTERVENTIONS, Intervention
     from lens_bias.models import ARCHITECTURES
     from lens_bias.models.architectures.base import Architecture
 
-    before = (dict(SECTIONS), dict(seedprint.NULLS), dict(EXPERIMENTS), dict(INTERVENTIONS), dict(ARCHITECTURES))
+    before = (dict(SECTIONS), dict(PASSES), dict(seedprint.NULLS), dict(EXPERIMENTS), dict(INTERVENTIONS), dict(ARCHITECTURES))
+    with pytest.raises(LensBiasError, match="a pass named 'ablations' is already registered"):
+        class MyAblations(ExtraPass[AblationResult]):
+            name = "ablations"
+    with pytest.raises(LensBiasError, match="pass 'sinks' is already a section's name"):
+        class MySinksPass(ExtraPass[AblationResult]):
+            name = "sinks"
+    with pytest.raises(LensBiasError, match=r"names no result type; subclass ExtraPass\[YourResult\]"):
+        type("UntypedPass", (ExtraPass,), {"name": "untyped_pass"})
     with pytest.raises(LensBiasError, match="an analysis named 'contraction' is already registered"):
         type("Contraction", (Analysis,), {"name": "contraction"})
     with pytest.raises(LensBiasError, match="a null named 'seeds' is already registered"):
@@ -182,7 +226,7 @@ def test_each_registry_refuses_a_taken_name():
         type("MyLlama", (Architecture,), {"name": "llama"})
     with pytest.raises(LensBiasError, match=r"names no result type; subclass Analysis\[YourResult\]"):
         type("Untyped", (Analysis,), {"name": "untyped"})
-    assert before == (dict(SECTIONS), dict(seedprint.NULLS), dict(EXPERIMENTS), dict(INTERVENTIONS), dict(ARCHITECTURES))
+    assert before == (dict(SECTIONS), dict(PASSES), dict(seedprint.NULLS), dict(EXPERIMENTS), dict(INTERVENTIONS), dict(ARCHITECTURES))
 
 
 def test_the_root_holds_what_a_user_calls_and_extend_the_plumbing():

@@ -12,10 +12,12 @@ unembedding over all positions is never computed when nothing reads it).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import logging
 import weakref
-from typing import Any, Callable, Iterable, Sequence, cast
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar, cast
 
 import torch
 from jaxtyping import Float
@@ -24,12 +26,12 @@ from tqdm.auto import tqdm
 
 from lens_bias.core import attention_layout, memory, offload
 from lens_bias.core.errors import LensBiasError
-from lens_bias.core.inputs import Inputs, RandomEmbeddings, RandomTokens, check_context
+from lens_bias.core.inputs import Inputs, check_context, is_tokens
 from lens_bias.core.model_facts import read_model_info
 from lens_bias.core.pass_state import Reading, StopForward
 from lens_bias.core.probes import READS, ROLE_ATTRIBUTE, FwdHook, HookFn, Probe, check_hooks, last_position, on_device, unique_probes
 
-__all__ = ["ModelAdapter", "NORMALIZED"]
+__all__ = ["ModelAdapter", "NORMALIZED", "shared_adapters", "one_adapter_per_call"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +45,13 @@ kept where a reading must not depend on the gain (SeedPrint's aligned modes)."""
 _EDITS_ACT: "weakref.WeakKeyDictionary[Any, set[str]]" = weakref.WeakKeyDictionary()
 # Per model: the (dtype, device) at which unembed(readout) was seen to equal the model's own logits.
 _READOUT_CHECKED: "weakref.WeakKeyDictionary[Any, tuple[str, str]]" = weakref.WeakKeyDictionary()
+# The adapters of the call in progress, by id(model): one per model and call (shared_adapters), so a call and every
+# helper it reaches read the model's facts and its hook_dict once. None outside any call.
+_SHARED: "contextvars.ContextVar[dict[int, ModelAdapter] | None]" = contextvars.ContextVar("lens_bias_adapters", default=None)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
 class _FinalAffine:
     """A TL 3 final norm's gain and bias, applied to its ``hook_normalized`` (which TL 3 reads before them).
 
@@ -74,6 +83,33 @@ def _check_counts(n: int, batch_size: int | None) -> None:
         raise LensBiasError(f"batch_size must be a positive int or None, got {batch_size!r}")
 
 
+@contextlib.contextmanager
+def shared_adapters(replacing: Mapping[int, "ModelAdapter"] | None = None) -> Iterator[None]:
+    """Within this scope :meth:`ModelAdapter.of` gives one adapter per model. A scope inside another shares its
+    adapters; ``replacing`` (``{id(model): adapter}``) stands in for some of them inside this scope only (``analyze``'s
+    regime override), so the outer call never sees them."""
+    outer = _SHARED.get()
+    if outer is not None and not replacing:
+        yield
+        return
+    token = _SHARED.set({**(outer or {}), **(replacing or {})})
+    try:
+        yield
+    finally:
+        _SHARED.reset(token)
+
+
+def one_adapter_per_call(fn: F) -> F:
+    """Run ``fn`` in :func:`shared_adapters`: a root verb and every helper it calls share one adapter per model."""
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with shared_adapters():
+            return fn(*args, **kwargs)
+
+    return cast(F, call)
+
+
 class ModelAdapter:
     """Reads a TransformerLens model's configuration and runs hooked, batched forward passes on it.
 
@@ -97,6 +133,18 @@ class ModelAdapter:
         self.model = model
         if next(model.parameters()).is_meta and not offload.is_dispatched(model):
             raise LensBiasError(f"{type(model).__name__}'s weights are on the meta device (shapes, no data); load real weights first, e.g. model.to_empty(device='cpu') and a state dict")
+
+    @classmethod
+    def of(cls, model: Any) -> "ModelAdapter":
+        """The adapter of ``model`` for the call in progress (:func:`shared_adapters`): built on the first request,
+        then the same object; outside a call, a new one."""
+        shared = _SHARED.get()
+        if shared is None:
+            return cls(model)
+        found = shared.get(id(model))
+        if found is None or found.model is not model:  # an id is reused only after its model is gone
+            found = shared[id(model)] = cls(model)
+        return found
 
     # ---- hook names ---------------------------------------------------------------------------------------
 
@@ -285,7 +333,7 @@ class ModelAdapter:
     def check_inputs(self, inputs: Inputs) -> None:
         """Raise a clear error for inputs this model cannot take."""
         check_context(inputs.shape[1], self.info.n_ctx)
-        if isinstance(inputs, RandomEmbeddings) or (isinstance(inputs, Tensor) and inputs.ndim == 3):
+        if not is_tokens(inputs):
             self.require(["hook_embed"], "embedding inputs")
             if inputs.shape[2] != self.info.d_model:
                 raise LensBiasError(f"embedding inputs have width {inputs.shape[2]}, the model's d_model is {self.info.d_model}")
@@ -333,7 +381,7 @@ class ModelAdapter:
         self.check_inputs(inputs)
         edits = check_hooks(hooks)
         self.require({p.hook for p in unique.values()} | {name for name, _ in edits}, "this analysis")
-        is_embedding = not (isinstance(inputs, RandomTokens) or (isinstance(inputs, Tensor) and inputs.ndim == 2))
+        is_embedding = not is_tokens(inputs)
         n, seq_len = inputs.shape[0], inputs.shape[1]
         _check_counts(n, batch_size)
         reading = Reading(unique, n, self.device)

@@ -21,7 +21,7 @@ from lens_bias.core.corpora import Corpus, code, held_out_documents, prose
 from lens_bias.core.errors import LensBiasError, WrongType
 from lens_bias.core.serialise import Serialisable
 
-__all__ = ["check_context", "check_later_position", "random_tokens", "text_tokens", "repeated_tokens", "with_bos", "random_embeddings", "RandomTokens", "RandomEmbeddings", "InputSpec", "Inputs", "resolve_inputs"]
+__all__ = ["check_context", "check_later_position", "random_tokens", "text_tokens", "repeated_tokens", "with_bos", "random_embeddings", "RandomTokens", "RandomEmbeddings", "InputSpec", "Inputs", "resolve_inputs", "is_tokens", "token_ids"]
 
 # The corpora real text is cut from, by name.
 CORPORA = {"prose": prose, "code": code}
@@ -341,6 +341,19 @@ def random_embeddings(model: Any, n: int, seq_len: int, seed: int = 42, *, std: 
 
 
 Inputs = Union[Int[Tensor, "n seq"], Float[Tensor, "n seq d_model"], RandomTokens, RandomEmbeddings]
+
+
+def is_tokens(inputs: Inputs) -> bool:
+    """Whether ``inputs`` are token IDs (a tensor [n, seq] or :class:`RandomTokens`) rather than embeddings: the one
+    place the input kind is read off the inputs themselves (an :class:`InputSpec` records it as ``kind``)."""
+    return isinstance(inputs, RandomTokens) or (isinstance(inputs, Tensor) and inputs.ndim == 2)
+
+
+def token_ids(inputs: Inputs) -> Int[Tensor, "n seq"] | None:
+    """The token IDs of ``inputs``, drawn now for :class:`RandomTokens`; None for embedding inputs."""
+    if isinstance(inputs, RandomTokens):
+        return inputs.tensor()
+    return inputs if is_tokens(inputs) else None  # type: ignore[return-value]  # is_tokens: a 2-d tensor
 
 
 @dataclass(frozen=True)

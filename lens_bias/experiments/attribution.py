@@ -14,7 +14,7 @@ from typing import Any
 
 from torch import Tensor
 
-from lens_bias.analyses.sink_attribution import SinkAttributionResult, sink_attribution
+from lens_bias.analyses.sink_attribution import SinkAttribution, SinkAttributionResult, sink_attribution
 from lens_bias.core.errors import LensBiasError, MissingExtra
 from lens_bias.core.inputs import check_context, random_tokens, text_tokens
 from lens_bias.core.provenance import numbers_of, results_record, table_of, write_results
@@ -130,7 +130,7 @@ class AttributionExperiment(Experiment):
         model = load_model(args.model)
         result = run_attribution(model, config, progress=not args.no_progress)
         if args.html:  # the report of the measured windows, with this attribution after its anatomy
-            analyze(model, inputs=attribution_tokens(model, config)[0], attribution=result, progress=not args.no_progress).to_html(args.html)
+            analyze(model, [..., SinkAttribution(result=result)], inputs=attribution_tokens(model, config)[0], progress=not args.no_progress).to_html(args.html)
         if args.out:
             out = Path(args.out)
             out.mkdir(parents=True, exist_ok=True)

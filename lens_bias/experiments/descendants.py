@@ -460,7 +460,7 @@ def lineage_metrics(pairs: pd.DataFrame) -> pd.DataFrame:
 
 def _check_sizes(model: Any, cfg: DescendantsConfig, data: TokenData, n_models: int) -> None:
     """Refuse, before the first descendant, sizes that a later one would refuse only after minutes."""
-    adapter = ModelAdapter(model)
+    adapter = ModelAdapter.of(model)
     info = adapter.info
     check_context(cfg.seq_len, info.n_ctx)
     if cfg.lora_rank > info.d_model:

@@ -2,6 +2,6 @@
 renders to with circuitsvis views (:mod:`~lens_bias.report.viz`)."""
 
 from lens_bias.report import viz
-from lens_bias.report.bias_report import BiasReport, analyze
+from lens_bias.report.bias_report import AnalyzeSettings, BiasReport, analyze, plan_run
 
-__all__ = ["BiasReport", "analyze", "viz"]
+__all__ = ["AnalyzeSettings", "BiasReport", "analyze", "plan_run", "viz"]

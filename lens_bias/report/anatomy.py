@@ -5,7 +5,7 @@ writes) → the massive dimension (Sun et al.: which dims, how large, from which
 at position 0 (max/mean |x| after the pre-attention norm) → the sink (Sink_0 and the layers that sink). Whether
 each link is *necessary* is a separate, causal question: ``lens_bias.analyses.sink_attribution.sink_attribution``
 edits one link at a time, and its verdicts join the anatomy when the report holds them
-(``analyze(..., attribution=True)``).
+(``analyze(..., sections=[..., "sink_attribution"])``).
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ class SinkAnatomy(Result):
             lines += ["  what removes it (sink_attribution, paired over the same sequences):"]
             lines += [f"    {row['link']}: {row['condition']} {row['verdict']} ({row['sink_0']}; perplexity ×{row['ppl_ratio']:.3g})" for row in self.chain]
         else:
-            lines += ["  which links are necessary: lens_bias.sink_attribution(model, tokens) edits each one (or analyze(..., attribution=True))"]
+            lines += ["  which links are necessary: lens_bias.sink_attribution(model, tokens) edits each one (or analyze(model, [..., \"sink_attribution\"]))"]
         return "\n".join(lines)
 
     def headline(self) -> dict[str, Any]:
@@ -174,7 +174,7 @@ class SinkAnatomy(Result):
         for i in range(3):
             ax.annotate("", xy=(i + 1.13, top), xytext=(i + 0.87, top), arrowprops={"arrowstyle": "->", "lw": 1.5})
         if not self.chain:
-            fig.suptitle("the first-token sink, link by link (which links are necessary: analyze(..., attribution=True))", fontsize=10)
+            fig.suptitle("the first-token sink, link by link (which links are necessary: analyze(model, [..., 'sink_attribution']))", fontsize=10)
             return fig
         fig.suptitle("the first-token sink, link by link; in red, what editing each link does to Sink_0 and to perplexity", fontsize=10)
         by_link: dict[str, list[dict[str, Any]]] = {}

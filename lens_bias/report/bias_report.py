@@ -10,30 +10,28 @@ compared with only there.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import warnings
 from pathlib import Path
 from typing import Any, Mapping, Sequence, Union
 
 import torch
-from torch import Tensor
 
-from lens_bias.analyses.ablation import ablate
-from lens_bias.analyses.base import SECTIONS, Analysis, Results, run_analyses
-from lens_bias.analyses.sink_attribution import SinkAttributionResult, sink_attribution
-from lens_bias.analyses.sink_heads import N_HEADS, SinkHeadsResult, sink_heads
-from lens_bias.analyses.sinks import Sinks
-from lens_bias.core.adapter import ModelAdapter
-from lens_bias.core.errors import LensBiasError
-from lens_bias.core.inputs import Inputs, InputSpec, RandomTokens, resolve_inputs
-from lens_bias.hooks.base import Intervention, edit_records
+from lens_bias.analyses.base import SECTIONS, Analysis, Planned, run_planned
+from lens_bias.analyses.plan import PASSES, AnalyzeSettings, ExtraPass, RunPlan
+from lens_bias.analyses.sink_attribution import SinkAttribution, SinkAttributionResult
+from lens_bias.core.adapter import ModelAdapter, one_adapter_per_call, shared_adapters
+from lens_bias.core.errors import LensBiasError, WrongType
+from lens_bias.core.inputs import resolve_inputs
+from lens_bias.core.settings import overridden
+from lens_bias.hooks.base import edit_records
 from lens_bias.report import render
 from lens_bias.report.data import ReportData
 from lens_bias.report.layout import Layout
 
-__all__ = ["BiasReport", "analyze", "SECTIONS", "VIEWS"]
+__all__ = ["BiasReport", "analyze", "plan_run", "AnalyzeSettings", "SECTIONS", "PASSES"]
 
-# Extra views with a pass of their own, named in analyze(sections=...) like sections; a whole report draws them.
-VIEWS = ("sink_heads",)
 
 
 class BiasReport(ReportData):
@@ -53,20 +51,6 @@ class BiasReport(ReportData):
         return render.text(self)
 
 
-def _sink_heads(model: Any, tokens: Tensor, results: Results) -> SinkHeadsResult:
-    """The strongest sink heads on the first measured sequence; with the attribution, also under the cheapest
-    condition that removes the sink."""
-    rate = results.of(Sinks).rate_by_head(0)
-    top = rate.flatten().topk(min(N_HEADS, rate.numel())).indices.tolist()
-    heads = [(i // rate.shape[1], i % rate.shape[1]) for i in top]
-    conditions = {}
-    attribution = results.get("sink_attribution")
-    if isinstance(attribution, SinkAttributionResult) and (name := attribution.headline()["cheapest_removal"]) is not None:
-        records = attribution.interventions[attribution.conditions.index(name)]
-        conditions[f"under {name}"] = [Intervention.from_dict(record) for record in records]
-    return sink_heads(model, tokens[0], heads, conditions=conditions)
-
-
 def _check_device(adapter: ModelAdapter, device: Union[str, torch.device, None]) -> None:
     if device is None:
         return
@@ -78,113 +62,161 @@ def _check_device(adapter: ModelAdapter, device: Union[str, torch.device, None])
         )
 
 
+@one_adapter_per_call
 def analyze(
     model: Any,
+    sections: Sequence[Any] | None = None,
+    settings: AnalyzeSettings | None = None,
     *,
-    inputs: Union[str, Inputs] = "tokens",
-    n_sequences: int = 256,
-    seq_len: int = 128,
-    seed: int = 42,
-    batch_size: int | None = None,
-    device: Union[str, torch.device, None] = None,
-    progress: bool = True,
-    sections: Sequence[str] | None = None,
-    ablations: bool = False,
-    attribution: Union[bool, SinkAttributionResult] = False,
-    regime: str | None = None,
     interventions: Sequence[Any] = (),
+    progress: bool = True,
+    ablations: bool | None = None,
+    attribution: Union[bool, SinkAttributionResult, None] = None,
+    **overrides: Any,
 ) -> BiasReport:
     """Measure what ``model`` is born with, or for a trained model the anatomy of its sink, on one batched pass.
 
     With ``inputs="tokens"`` it analyses exactly ``lens_bias.random_tokens(n_sequences, seq_len, d_vocab, seed)``.
+    The run is planned once (:func:`plan_run`) before any pass.
 
     >>> import lens_bias
+    >>> from lens_bias.analyses.token_preference import TokenPreference
     >>> m = lens_bias.models.random_init("gpt2", d_model=64, n_layers=2, n_heads=4, d_vocab=100, n_ctx=32,
     ...                                  act_fn="relu", positional_embedding="none")
     >>> report = analyze(m, n_sequences=16, seq_len=8, progress=False)
     >>> list(report.contraction.to_pandas().layer)
     ['embed', '0', '1', 'final']
+    >>> len(analyze(m, [TokenPreference(top_k=5)], n_sequences=16, seq_len=8, progress=False).token_preference.to_pandas())
+    5
 
     Args:
         model: a TL 4.x TransformerBridge, a TL 3.x HookedTransformer, or a HookedRootModule with standard hook
             names. It is never modified.
-        inputs: "tokens", "text" (held-out prose through ``model.tokenizer``: :func:`lens_bias.core.inputs.text_tokens`),
-            "embeddings" (Gaussian with the model's embedding mean/std), token IDs [n, seq],
-            embeddings [n, seq, d_model] or a RandomEmbeddings.
-        n_sequences: number of random sequences (ignored for tensor inputs); at least 2.
-        seq_len: tokens per sequence (ignored for tensor inputs); at least 2 and at most the model's n_ctx.
-        seed: seed of the random inputs.
-        batch_size: sequences per forward pass (default: sized to the sequence length).
-        device: the device the model is on, as a check; lens_bias does not move models.
-        progress: show a tqdm progress bar.
-        sections: which sections to compute (default: every one in ``SECTIONS`` that can run on the model; the
-            others are listed in ``report.skipped`` with the reason), and which extra views (``VIEWS``: "sink_heads",
-            the attention of the strongest sink heads on one sequence, drawn for a trained model by default). Only
-            the passes of what is named run.
-        ablations: also run :func:`lens_bias.ablate` on the same inputs (one more pass per condition).
-        attribution: also run :func:`lens_bias.analyses.sink_attribution.sink_attribution` on the same token inputs
-            (two passes per condition; its odd sequences calibrate, its even ones are measured); its verdicts join
-            the anatomy. Or the result of one already run on these inputs (``lens-bias attribution --html``).
-        regime: "init" or "trained", instead of what lens_bias recorded of the model (``ModelInfo.regime``: models
-            it did not build or load count as trained).
+        sections: what to compute, as names or objects: sections (``SECTIONS``, e.g. ``TokenPreference(top_k=50)``)
+            and passes of their own (``PASSES``: "ablations", "sink_attribution", "sink_heads"); ``...`` stands for
+            the whole default report, so ``[..., "ablations"]`` adds the ablation table to it. Default: every
+            section that can run on the model (the others are listed in ``report.skipped`` with the reason) and the
+            passes a whole report runs (a trained model's strongest sink heads). Only the passes of what is named run.
+        settings: how it runs (:class:`~lens_bias.analyses.plan.AnalyzeSettings`: inputs, n_sequences, seq_len,
+            seed, batch_size, device, regime); keywords naming its fields override it (``n_sequences=64``).
         interventions: lens_bias.hooks interventions (or lists of them) attached for the pass; the report records
             them (``report.interventions``, their ``to_dict()``).
+        progress: show tqdm progress bars.
+        ablations: deprecated: name "ablations" in ``sections``.
+        attribution: deprecated: name "sink_attribution" in ``sections``, or pass ``SinkAttribution(result=...)``.
 
     Returns:
         A :class:`BiasReport`.
     """
-    adapter = ModelAdapter(model)
-    _check_device(adapter, device)
-    if regime is not None:
-        adapter.info = dataclasses.replace(adapter.info, regime=Layout(regime).regime)  # Layout refuses a regime it does not know
-    layout = Layout(adapter.info.regime)
-    analyses, views, skipped = _planned(adapter, layout, sections)
-    data, spec = resolve_inputs(inputs, model=model, d_vocab=adapter.info.d_vocab, n_sequences=n_sequences, seq_len=seq_len, seed=seed)
-    token_inputs = isinstance(data, RandomTokens) or (isinstance(data, torch.Tensor) and data.ndim == 2)
-    _check_run(spec, token_inputs, ablations, attribution, interventions)
+    sections = _old_spellings(sections, ablations, attribution)
+    plan = plan_run(model, sections, overridden(AnalyzeSettings, settings, overrides, "analyze()"), interventions=interventions, progress=progress)
     records = edit_records(interventions)  # before the pass: an edit that cannot be recorded fails now
-    results = run_analyses(adapter, data, spec, analyses, batch_size=batch_size, interventions=interventions, progress=progress)
-    if ablations:
-        results["ablations"] = ablate(model, inputs=data, batch_size=batch_size, progress=progress)
-    # drawn only now: a count the memory guard refuses was refused by the pass, after one batch
-    tokens = data.tensor() if isinstance(data, RandomTokens) else data if isinstance(data, torch.Tensor) and data.ndim == 2 else None
-    if isinstance(attribution, SinkAttributionResult):
-        results["sink_attribution"] = attribution
-    elif attribution:
-        assert tokens is not None  # _check_run refused attribution on other inputs
-        results["sink_attribution"] = sink_attribution(model, tokens, batch_size=batch_size, progress=progress)
-    # the view's own pass of one sequence runs where it was asked for (by default: a whole report), on the unedited model
-    if "sink_heads" in views and layout.draws_sink_heads and "sinks" in results and tokens is not None and not interventions:
-        results["sink_heads"] = _sink_heads(model, tokens, results)
-    return BiasReport(model=adapter.info, inputs=spec, sections=results, interventions=records, skipped=skipped)
+    with shared_adapters({id(model): plan.adapter}):  # helpers read the plan's regime too
+        results = run_planned(plan.adapter, plan.inputs, plan.spec, plan.sections, batch_size=plan.settings.batch_size,
+                              interventions=interventions, progress=progress)
+        for extra in plan.passes:  # after the shared pass: a count the memory guard refuses was refused by it, after one batch
+            if extra.applies(plan, results):
+                results[extra.name] = extra.run(plan, results)
+    return BiasReport(model=plan.adapter.info, inputs=plan.spec, sections=results, interventions=records, skipped=dict(plan.skipped))
 
 
-def _planned(adapter: ModelAdapter, layout: Layout, sections: Sequence[str] | None) -> tuple[list[Analysis[Any]], list[str], dict[str, str]]:
-    """The analyses to run, in report order, the extra views asked for, and the sections a default run leaves out
-    (those that cannot run on the model) with the reason."""
-    names = list(SECTIONS) if sections is None else [s for s in sections if s not in VIEWS]
-    unknown = [s for s in names if s not in SECTIONS]
-    if unknown:
-        raise LensBiasError(f"unknown section(s) {unknown}; choose from {list(SECTIONS)} and the views {list(VIEWS)}")
-    views = list(VIEWS) if sections is None else [v for v in VIEWS if v in sections]
-    if "sink_heads" in views and sections is not None and "sinks" not in names:
-        raise LensBiasError("the sink_heads view shows the heads the sinks section ranks: ask for sections=[..., 'sinks', 'sink_heads']")
-    analyses = [SECTIONS[s]() for s in layout.section_order(names)]
-    skipped: dict[str, str] = {}
-    if sections is None:  # by default every section that can run on the model; the others are listed with the reason
-        skipped = {a.name: why for a in analyses if (why := a.unavailable(adapter)) is not None}
-        analyses = [a for a in analyses if a.name not in skipped]
-    return analyses, views, skipped
+def plan_run(model: Any, sections: Sequence[Any] | None = None, settings: AnalyzeSettings | None = None, *,
+             interventions: Sequence[Any] = (), progress: bool = True) -> RunPlan:
+    """What ``analyze`` would run, decided once and checked before any pass: the sections with their probes, the
+    passes, the inputs and their kind, the regime. ``analyze`` runs exactly this plan.
 
+    >>> import lens_bias
+    >>> m = lens_bias.random_init("llama", d_model=64, n_layers=2, n_heads=4, d_vocab=97, n_ctx=16)
+    >>> plan = plan_run(m, [..., "ablations"], AnalyzeSettings(n_sequences=4, seq_len=8))
+    >>> [p.name for p in plan.passes], plan.spec.kind, plan.regime
+    (['ablations'], 'tokens', 'init')
 
-def _check_run(spec: InputSpec, token_inputs: bool, ablations: bool, attribution: Any, interventions: Sequence[Any]) -> None:
-    """Refuse inputs and options that cannot go together, before the pass."""
+    Raises:
+        LensBiasError: an unknown or unavailable section, or inputs and options that cannot go together.
+    """
+    settings = settings or AnalyzeSettings()
+    adapter = ModelAdapter.of(model)
+    _check_device(adapter, settings.device)
+    if settings.regime is not None:  # the override holds for this call only: a copy of the adapter, its hook names kept
+        adapter = copy.copy(adapter)
+        adapter.info = dataclasses.replace(adapter.info, regime=Layout(settings.regime).regime)  # Layout refuses a regime it does not know
+    layout = Layout(adapter.info.regime)
+    planned, passes, skipped = _planned(adapter, layout, sections)
+    data, spec = resolve_inputs(settings.inputs, model=model, d_vocab=adapter.info.d_vocab, n_sequences=settings.n_sequences,
+                                seq_len=settings.seq_len, seed=settings.seed)
+    plan = RunPlan(adapter=adapter, settings=settings, sections=planned, passes=passes, skipped=skipped, inputs=data, spec=spec,
+                   interventions=interventions, progress=progress)
     if spec.n < 2:
         raise LensBiasError(f"analyze needs at least 2 sequences (cosines between sequences), got {spec.n}")
     if spec.seq_len < 2:
         raise LensBiasError(f"analyze needs seq_len >= 2 (cosines between positions), got {spec.seq_len}")
-    if (ablations or attribution) and interventions:
-        raise LensBiasError("ablations=True and attribution=True run their own edits on the unedited model; for them under your edits "
-                            "call lens_bias.ablate / sink_attribution with conditions={name: [*your_edits, ...]}")
-    if attribution and not token_inputs:
-        raise LensBiasError("attribution=True measures token inputs (perplexity needs next tokens): pass inputs='text' or 'tokens'")
+    for extra in passes:
+        extra.check(plan)
+    return plan
+
+
+def _old_spellings(sections: Sequence[Any] | None, ablations: bool | None, attribution: Any) -> Sequence[Any] | None:
+    """``ablations=`` and ``attribution=`` as the sections they now are, with a DeprecationWarning."""
+    added: list[Any] = []
+    if ablations is not None:
+        warnings.warn('analyze(ablations=True) is deprecated: name it among the sections, sections=[..., "ablations"]', DeprecationWarning, stacklevel=3)
+        added += ["ablations"] if ablations else []
+    if attribution is not None:
+        warnings.warn('analyze(attribution=...) is deprecated: name it among the sections, sections=[..., "sink_attribution"] '
+                      "(or SinkAttribution(result=...) for one already run)", DeprecationWarning, stacklevel=3)
+        if isinstance(attribution, SinkAttributionResult):
+            added.append(SinkAttribution(result=attribution))
+        elif attribution:
+            added.append("sink_attribution")
+    if not added:
+        return sections
+    return [*(sections if sections is not None else [...]), *added]
+
+
+def _planned(adapter: ModelAdapter, layout: Layout, sections: Sequence[Any] | None) -> tuple[list[Planned], list[ExtraPass[Any]], dict[str, str]]:
+    """The sections to run, in report order, with their probes; the passes, in the order they run; and the sections
+    a default run leaves out (those that cannot run on the model) with the reason."""
+    wanted = [...] if sections is None else list(sections)
+    if isinstance(sections, (str, Analysis, ExtraPass)):
+        raise WrongType(f"sections takes a list of names or objects, got one {type(sections).__name__}: pass [{sections!r}]")
+    named: dict[str, Analysis[Any] | ExtraPass[Any]] = {}
+    for item in wanted:
+        if item is ...:
+            continue
+        thing = _as_object(item)
+        if thing.name in named:
+            raise LensBiasError(f"section {thing.name!r} is named twice; name it once (an object carries its own settings)")
+        named[thing.name] = thing
+    skipped: dict[str, str] = {}
+    planned: dict[str, Planned] = {}
+    if ... in wanted:  # the whole default report: every section that can run, the others listed with the reason
+        for name, cls in SECTIONS.items():
+            if name not in named:
+                plan = cls().planned(adapter)
+                if plan.unavailable is None:
+                    planned[name] = plan
+                else:
+                    skipped[name] = plan.unavailable
+        named.update({name: cls() for name, cls in PASSES.items() if name not in named and cls().in_default(layout.regime)})
+    for name, thing in named.items():
+        if isinstance(thing, Analysis):
+            plan = thing.planned(adapter)
+            if plan.unavailable is not None:
+                raise LensBiasError(f"section {name} cannot run on this model: {plan.unavailable}; leave it out")
+            planned[name] = plan
+    ordered = [planned[name] for name in layout.section_order(list(planned))]
+    passes = sorted((t for t in named.values() if isinstance(t, ExtraPass)), key=lambda p: p.order)
+    return ordered, passes, skipped
+
+
+def _as_object(item: Any) -> Analysis[Any] | ExtraPass[Any]:
+    """A section list's entry as the section or pass it names (an object stands for itself)."""
+    if isinstance(item, (Analysis, ExtraPass)):
+        return item
+    if isinstance(item, str) and item in SECTIONS:
+        return SECTIONS[item]()
+    if isinstance(item, str) and item in PASSES:
+        return PASSES[item]()
+    if isinstance(item, str):
+        raise LensBiasError(f"unknown section {item!r}; choose from {list(SECTIONS)} and the passes {list(PASSES)}")
+    raise WrongType(f"a section is a name, an Analysis or an ExtraPass object, or ..., got {type(item).__name__}")

@@ -10,10 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, TypeVar
 
-from lens_bias.analyses.ablation import AblationResult
 from lens_bias.analyses.base import SECTIONS, Analysis, Result, Results
-from lens_bias.analyses.sink_attribution import SinkAttributionResult
-from lens_bias.analyses.sink_heads import SinkHeadsResult
+from lens_bias.analyses.plan import PASSES
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.inputs import InputSpec
 from lens_bias.core.model_facts import ModelInfo
@@ -21,17 +19,16 @@ from lens_bias.report.anatomy import SinkAnatomy, anatomy_of
 from lens_bias.report.layout import Layout
 from lens_bias.report.page import fmt
 
-__all__ = ["ReportData", "EXTRA_SECTIONS"]
+__all__ = ["ReportData"]
 
 R = TypeVar("R", bound=Result)
 D = TypeVar("D", bound="ReportData")
 
-# Sections that are not an Analysis of the shared pass, with passes of their own.
-EXTRA_SECTIONS: dict[str, type[Result]] = {
-    "ablations": AblationResult,  # analyze(model, ablations=True)
-    "sink_attribution": SinkAttributionResult,  # analyze(model, attribution=True)
-    "sink_heads": SinkHeadsResult,  # a trained model's strongest sink heads on one window (one short pass per condition)
-}
+
+
+def _result_type(name: str) -> type[Result] | None:
+    """The result type of a section of the shared pass (``SECTIONS``) or of one with passes of its own (``PASSES``)."""
+    return SECTIONS[name].result_type if name in SECTIONS else PASSES[name].result_type if name in PASSES else None
 
 
 @dataclass
@@ -73,9 +70,9 @@ class ReportData:
         sections = self.__dict__.get("sections", {})
         if name in sections:
             return sections[name]
-        if name in SECTIONS or name in EXTRA_SECTIONS:
+        if name in SECTIONS or name in PASSES:
             return None
-        raise AttributeError(f"BiasReport has no attribute or section {name!r}; sections: {list(SECTIONS) + list(EXTRA_SECTIONS)}, computed: {list(sections)}")
+        raise AttributeError(f"BiasReport has no attribute or section {name!r}; sections: {list(SECTIONS) + list(PASSES)}, computed: {list(sections)}")
 
     def to_dict(self, *, results: bool = True) -> dict[str, Any]:
         """Model, inputs, interventions and each section's headline numbers and table, JSON-ready.
@@ -97,9 +94,9 @@ class ReportData:
         """The report :meth:`to_dict` wrote (with ``results=True``)."""
         sections = Results()
         for name, section in d["sections"].items():
-            kind = SECTIONS[name].result_type if name in SECTIONS else EXTRA_SECTIONS.get(name)
+            kind = _result_type(name)
             if kind is None:
-                raise LensBiasError(f"unknown section {name!r}; import the module that defines its Analysis before BiasReport.from_dict")
+                raise LensBiasError(f"unknown section {name!r}; import the module that defines its Analysis or ExtraPass before BiasReport.from_dict")
             if "result" not in section:
                 raise LensBiasError(f"section {name!r} holds only its summary: write the report with to_dict(results=True)")
             sections[name] = kind.from_dict(section["result"])

@@ -53,11 +53,6 @@ class Layout:
         return self.trained
 
     @property
-    def draws_sink_heads(self) -> bool:
-        """Whether a whole report draws the strongest sink heads (a view with a pass of its own)."""
-        return self.trained
-
-    @property
     def first(self) -> tuple[str, ...]:
         """The extra sections that come right after the anatomy, in this order."""
         return _TRAINED_FIRST if self.trained else ()

@@ -21,7 +21,7 @@ def page(report: ReportData, path: Union[str, Path], *, views: Mapping[str, Any]
     """One page that renders offline, laid out like a paper's figure page.
 
     A trained model's page opens with the anatomy of its sink (the chain figure, with the causal verdicts under
-    the links they test when ``attribution=True`` ran), then what removes the sink, the attention of its
+    the links they test when the sink attribution ran), then what removes the sink, the attention of its
     strongest sink heads, and the other numbers that apply to a trained model; a random init's opens with its
     headline numbers. Each section then shows its figure (PNG inlined) beside its summary and the ``rows`` rows
     of its table that carry the finding, with the whole table downloadable as CSV, and its circuitsvis views.

@@ -60,7 +60,7 @@ def attention_view(
     tokens = tokens if tokens.ndim == 2 else tokens[None]
     if tokens.shape[0] != 1:
         raise LensBiasError(f"attention_view shows one sequence; got {tokens.shape[0]} (pass tokens[i])")
-    adapter = ModelAdapter(model)
+    adapter = ModelAdapter.of(model)
     layers = list(range(adapter.info.n_layers)) if layers is None else list(layers)
     heads = list(range(adapter.info.n_heads)) if heads is None else list(heads)
     probes = [Probe(f"blocks.{layer}.attn.hook_pattern", "pattern", lambda x: x) for layer in layers]

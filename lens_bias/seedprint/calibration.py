@@ -83,7 +83,7 @@ def calibrate(
     for s in tqdm(range(first_seed, first_seed + n_fresh + 2 * n_pairs), desc="calibration models", disable=not progress):
         model = factory(s)
         if s == first_seed:  # every fingerprint is kept until the tests: refuse a count whose features cannot fit
-            _check_kept(n_fresh + 2 * n_pairs, len(kinds) * prints_with.n * ModelAdapter(model).info.d_model * 4, n_fresh)
+            _check_kept(n_fresh + 2 * n_pairs, len(kinds) * prints_with.n * ModelAdapter.of(model).info.d_model * 4, n_fresh)
         for kind in kinds:
             prints[kind].append(fingerprint(model, prints_with, inputs=kind, progress=False))
     return pd.DataFrame([row for kind in kinds for row in _rates(kind, prints[kind], n_fresh, n_pairs, nulls, aligns, testing)])

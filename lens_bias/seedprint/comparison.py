@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch import Tensor
 
-from lens_bias.core.adapter import ModelAdapter
+from lens_bias.core.adapter import ModelAdapter, one_adapter_per_call
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.inputs import RandomTokens
 from lens_bias.core.settings import overridden, route_keywords
@@ -36,6 +36,7 @@ from lens_bias.seedprint.vocabulary import renamed_tokens
 __all__ = ["compare", "auto_test", "auto_pair", "FingerprintsOn", "Maps", "mapped_inputs", "through_maps", "mapped_test", "fingerprint_like"]
 
 
+@one_adapter_per_call
 def compare(
     model_a: Any, model_b: Any, settings: FingerprintSettings | None = None, test: LineageSettings | None = None, *, progress: bool = True,
     **overrides: Any,
@@ -69,7 +70,7 @@ def compare(
     routed = route_keywords(overrides, {"settings": FingerprintSettings, "test": LineageSettings}, "compare()")
     prints = overridden(FingerprintSettings, settings, routed["settings"], "compare()")
     testing = overridden(LineageSettings, test if test is not None else COMPARE, routed["test"], "compare()")
-    info_a, info_b = ModelAdapter(model_a).info, ModelAdapter(model_b).info
+    info_a, info_b = ModelAdapter.of(model_a).info, ModelAdapter.of(model_b).info
     if info_a.d_model != info_b.d_model:
         raise LensBiasError(f"different widths cannot share an init (d_model {info_a.d_model} vs {info_b.d_model}); SeedPrint compares models of one width")
     drawn_tokens = isinstance(prints.inputs, str) and prints.inputs == "tokens"
@@ -112,7 +113,7 @@ def auto_test(
     def made_or_make(read_a: Tensor | None, read_b: Tensor | None) -> tuple[Fingerprint, Fingerprint]:
         return _reused(made[0], model_a, prints, read_a, progress), _reused(made[1], model_b, prints, read_b, progress)
 
-    both_trained = ModelAdapter(model_a).info.regime == ModelAdapter(model_b).info.regime == "trained"
+    both_trained = ModelAdapter.of(model_a).info.regime == ModelAdapter.of(model_b).info.regime == "trained"
     result = auto_pair(maps, prints, made_or_make, test, both_trained)
     assert result is not None  # made_or_make always has the two fingerprints
     return result

@@ -29,7 +29,7 @@ from torch import Tensor
 
 from lens_bias.core import distributed as distributed_run
 from lens_bias.core import offload, tl
-from lens_bias.core.adapter import NORMALIZED, ModelAdapter
+from lens_bias.core.adapter import NORMALIZED, ModelAdapter, one_adapter_per_call
 from lens_bias.core.errors import LensBiasError, WrongType
 from lens_bias.core.files import atomic_save, load_torch_file
 from lens_bias.core.inputs import (
@@ -121,7 +121,7 @@ def _versions() -> dict[str, str]:
 
 def _with_device_dtype(model: Any, device: Union[str, torch.device, None], dtype: torch.dtype | None) -> Any:
     """The model itself, or a copy on ``device`` / in ``dtype``: the caller's model is never moved or cast."""
-    adapter = ModelAdapter(model)
+    adapter = ModelAdapter.of(model)
     want_device = torch.device(device) if device is not None else adapter.device
     want_dtype = dtype
     if want_dtype is None:
@@ -175,6 +175,7 @@ def fingerprint(
 def fingerprint(model: Any, settings: FingerprintSettings | None = None, *, progress: bool = True, distributed: bool, **overrides: Any) -> Fingerprint | None: ...
 
 
+@one_adapter_per_call
 def fingerprint(
     model: Any, settings: FingerprintSettings | None = None, *, progress: bool = True, distributed: bool = False, **overrides: Any
 ) -> Fingerprint | None:
@@ -200,7 +201,7 @@ def fingerprint(
     s = overridden(FingerprintSettings, settings, overrides, "fingerprint()")
     spec = getattr(model, "lens_bias_spec", None)
     data, described = _drawn_inputs(model, s, spec)
-    adapter = ModelAdapter(model)
+    adapter = ModelAdapter.of(model)
     readout = adapter.readout_probe()
     # the gain-free reading, where the readout is not already it
     probes = [readout] + ([last_position(NORMALIZED)] if adapter.has_hook(NORMALIZED) and readout.key != f"{NORMALIZED}:last" else [])
@@ -213,13 +214,13 @@ def fingerprint(
             return None
     else:
         runner = _with_device_dtype(model, s.device, s.dtype)
-        readings = ModelAdapter(runner).collect(data, probes, batch_size=s.batch_size, progress=progress, desc="fingerprint")
+        readings = ModelAdapter.of(runner).collect(data, probes, batch_size=s.batch_size, progress=progress, desc="fingerprint")
     described["digest"] = _digest(data)  # after the pass: a count the memory guard refuses is refused after one batch
     return Fingerprint(
         features=readings[readout.key].contiguous(),
         normalized=readings[keys[1]].contiguous() if len(keys) > 1 else None,
         inputs=described,
-        model=ModelAdapter(runner).info.to_dict(),
+        model=ModelAdapter.of(runner).info.to_dict(),
         spec=spec.to_dict() if spec is not None else None,
         versions=_versions(),
     )
@@ -228,7 +229,7 @@ def fingerprint(
 def _drawn_inputs(model: Any, s: FingerprintSettings, spec: Any) -> tuple[Inputs, dict[str, Any]]:
     """The inputs of ``s`` for ``model``, and their record: what regenerate_inputs needs to draw them again (of the
     user's own tensor, only its digest, added after the pass)."""
-    info = ModelAdapter(model).info
+    info = ModelAdapter.of(model).info
     inputs, vocab = s.inputs, s.vocab
     if isinstance(inputs, str):
         if inputs not in ("tokens", "embeddings"):  # text: a seeds null could not regenerate it from the record
@@ -254,14 +255,14 @@ def _drawn_inputs(model: Any, s: FingerprintSettings, spec: Any) -> tuple[Inputs
 
 def _sharded_readings(runner: Any, data: Inputs, probes: list[Any], batch_size: int | None, progress: bool) -> dict[str, Tensor] | None:
     """The probes' readings with the inputs sharded across the torchrun ranks: on rank 0, in input order; None elsewhere."""
-    batch = batch_size or ModelAdapter(runner).default_batch_size(data.shape[1])
-    keys, d_model = [p.key for p in probes], ModelAdapter(runner).info.d_model
+    batch = batch_size or ModelAdapter.of(runner).default_batch_size(data.shape[1])
+    keys, d_model = [p.key for p in probes], ModelAdapter.of(runner).info.d_model
 
     def extract(start: int, stop: int) -> Tensor:
         if start == stop:
             return torch.zeros(0, d_model * len(probes))
         shard = data.view(start, stop) if isinstance(data, (RandomTokens, RandomEmbeddings)) else data[start:stop]
-        kept = ModelAdapter(runner).collect(shard, probes, batch_size=batch, progress=progress, desc="fingerprint")
+        kept = ModelAdapter.of(runner).collect(shard, probes, batch_size=batch, progress=progress, desc="fingerprint")
         return torch.cat([kept[key] for key in keys], dim=1)
 
     gathered = distributed_run.run_sharded(extract, data.shape[0], batch)

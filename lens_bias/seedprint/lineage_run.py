@@ -84,7 +84,7 @@ class LineageRun:
         card = self.store.folder / f"{key}.json" if self.store.folder is not None and key is not None else None
         if card is not None and card.exists():
             return int(json.loads(card.read_text())["d_vocab"])
-        d_vocab = ModelAdapter(self.model(i)).info.d_vocab
+        d_vocab = ModelAdapter.of(self.model(i)).info.d_vocab
         if card is not None:
             card.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_text(card, json.dumps({"d_vocab": d_vocab}))

@@ -23,7 +23,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from lens_bias.core import memory
-from lens_bias.core.adapter import ModelAdapter
+from lens_bias.core.adapter import ModelAdapter, one_adapter_per_call
 from lens_bias.core.corpora import code
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.inputs import with_bos
@@ -158,6 +158,7 @@ class TrainSettings(Serialisable):
             raise LensBiasError(f"schedule must be 'cosine' or 'constant', got {self.schedule!r}")
 
 
+@one_adapter_per_call
 def train(
     model: Any,
     data: TokenData,
@@ -193,7 +194,7 @@ def train(
     folder = Path(checkpoint_dir) if checkpoint_dir is not None else None
     if checkpoint_every and folder is None:  # before the first step
         raise LensBiasError("checkpoint_every needs checkpoint_dir")
-    adapter = ModelAdapter(model)
+    adapter = ModelAdapter.of(model)
     _check_fits(model, adapter, data, s)
     eval_every = s.eval_every or max(1, s.steps // 4)
     device = adapter.device

@@ -17,7 +17,7 @@ import torch
 import lens_bias
 from lens_bias import LensBiasError, intervene
 from lens_bias.analyses.base import measure
-from lens_bias.analyses.sink_attribution import sink_attribution
+from lens_bias.analyses.sink_attribution import SinkAttribution, sink_attribution
 from lens_bias.analyses.sinks import Sinks, key_importance, sink_rate
 from lens_bias.core import tl
 from lens_bias.core.attention_layout import layer_windows, visible_queries, window_mask
@@ -155,7 +155,7 @@ def test_sink_attribution_removes_the_learned_sinks_and_says_where_their_attenti
     assert gain.sum().item() == pytest.approx(freed.item(), abs=1e-5)
     assert row.freed_attention.endswith(f"of the {freed:.2f} freed)")
     # the anatomy tests the learned sink at the sink itself, in its table and under the sink in its figure
-    anatomy = lens_bias.analyze(model, inputs=TOKENS, progress=False, attribution=result).anatomy()
+    anatomy = lens_bias.analyze(model, [..., SinkAttribution(result=result)], inputs=TOKENS, progress=False).anatomy()
     assert anatomy.to_pandas().set_index("link").loc["sink", "causal test"].startswith("learned sinks removed: ")
     texts = [t.get_text() for t in anatomy.plot().axes[0].texts]
     assert any(t.startswith("learned sinks removed:") for t in texts), texts

@@ -313,7 +313,7 @@ def test_cli_fingerprint_a_hugging_face_folder(tmp_path, smollm2_hf, capsys):
 def test_a_trained_report_reads_as_one(smollm2, tmp_path):
     """The SmolLM2 page a researcher opens: named, one anatomy with the early rise, the chain after it, the attention
     of the sink heads with and without the sink, tables in words, under 1 MB, drawn without a console message."""
-    report = lens_bias.analyze(smollm2, inputs="text", n_sequences=32, seq_len=64, attribution=True, progress=False)
+    report = lens_bias.analyze(smollm2, [..., "sink_attribution"], inputs="text", n_sequences=32, seq_len=64, progress=False)
     assert report.model.regime == "trained" and list(report.sections)[:4] == ["sinks", "massive_activations", "super_weights", "super_neurons"]
     anatomy = report.anatomy()
     # the anatomy of SmolLM2-135M's sink, as measured (docs/experiments/real-model.md): Yu et al.'s super weight writes

@@ -75,7 +75,7 @@ def test_plain_module_is_refused():
 
 def test_decomposition_and_ablation_sections():
     model = shared_tiny("llama")
-    report = lens_bias.analyze(model, n_sequences=8, seq_len=8, ablations=True, progress=False)
+    report = lens_bias.analyze(model, [..., "ablations"], n_sequences=8, seq_len=8, progress=False)
     components = list(report.decomposition.to_pandas().component)
     assert components == ["embed", "attn_0", "mlp_0", "attn_1", "mlp_1"]  # rotary: no position table
     assert report.decomposition.reconstruction_error < 1e-4
@@ -107,8 +107,8 @@ def test_analyze_and_ablate_record_their_interventions_as_to_dict():
     assert own.conditions == {"odd@1": [iv.to_dict()]}
     assert own.final().loc["odd@1", "inter"] == pytest.approx(
         lens_bias.analyze(model, inputs=tokens, interventions=[iv], sections=["contraction"], progress=False).contraction.inter[-1].item(), abs=1e-6)
-    with pytest.raises(LensBiasError, match="ablations=True"):
-        lens_bias.analyze(model, inputs=tokens, interventions=[iv], ablations=True, progress=False)
+    with pytest.raises(LensBiasError, match="the ablations run their own edits"):
+        lens_bias.analyze(model, [..., "ablations"], inputs=tokens, interventions=[iv], progress=False)
 
 
 def test_the_regime_orders_the_report_and_picks_its_laws(tmp_path):
@@ -162,10 +162,10 @@ def test_the_anatomy_reads_the_sections_it_names():
 
 def test_attribution_joins_the_report_and_its_anatomy():
     model = shared_tiny("llama")
-    report = lens_bias.analyze(model, n_sequences=8, seq_len=12, progress=False, regime="trained", attribution=True)
+    report = lens_bias.analyze(model, [..., "sink_attribution"], n_sequences=8, seq_len=12, progress=False, regime="trained")
     attribution = report.sink_attribution
     assert attribution.n == 4 and attribution.conditions[0] == "unedited"  # the even rows measured, the odd ones calibrate
     assert report.anatomy().chain == attribution.chain().to_dict(orient="records")
     assert "what removes it (sink_attribution" in str(report)
     with pytest.raises(LensBiasError, match="token inputs"):
-        lens_bias.analyze(model, inputs="embeddings", n_sequences=8, seq_len=12, progress=False, attribution=True)
+        lens_bias.analyze(model, [..., "sink_attribution"], inputs="embeddings", n_sequences=8, seq_len=12, progress=False)

@@ -62,7 +62,7 @@ def test_tensors_and_frames_survive_json_exactly():
 
 
 def test_every_section_round_trips_through_json():
-    report = lens_bias.analyze(shared_tiny("gpt2", act_fn="relu"), n_sequences=8, seq_len=8, ablations=True, progress=False)
+    report = lens_bias.analyze(shared_tiny("gpt2", act_fn="relu"), [..., "ablations"], n_sequences=8, seq_len=8, progress=False)
     assert report.skipped.keys() == {"super_experts"}  # a dense model: test_super_experts round-trips that section on a mixture
     assert list(report.sections) == [*(s for s in SECTIONS if s != "super_experts"), "ablations"]
     for name, result in report.sections.items():
@@ -96,7 +96,7 @@ def test_sections_by_class_are_typed_and_each_result_names_its_own_columns():
     from lens_bias.report.layout import Layout
     from lens_bias.report.page import ROW_WORDS
 
-    report = lens_bias.analyze(shared_tiny("llama"), n_sequences=8, seq_len=12, ablations=True, attribution=True, regime="trained", progress=False)
+    report = lens_bias.analyze(shared_tiny("llama"), [..., "ablations", "sink_attribution"], n_sequences=8, seq_len=12, regime="trained", progress=False)
     assert isinstance(report.of(Sinks), SinksResult) and report.of(Sinks) is report.sinks and report.find(Contraction) is report.contraction
     only = lens_bias.analyze(shared_tiny("llama"), n_sequences=4, seq_len=6, sections=["sinks"], progress=False)
     assert only.find(Contraction) is None

@@ -134,7 +134,7 @@ def test_random_init_page_reads_in_the_browser(report, model, tmp_path):
 @requires_chromium
 def test_trained_page_opens_with_the_anatomy_and_shows_the_sink_heads(tmp_path):
     model = shared_tiny("llama")
-    report = lens_bias.analyze(model, n_sequences=8, seq_len=12, regime="trained", attribution=True, progress=False)
+    report = lens_bias.analyze(model, n_sequences=8, seq_len=12, regime="trained", sections=[..., "sink_attribution"], progress=False)
     path = report.to_html(tmp_path / "trained.html")
     dom = read_page(path)
     headings = re.findall(r"<h2>([^<]*)</h2>", dom)
