@@ -158,7 +158,8 @@ class Analysis(Generic[R]):
         return self.planned(adapter).unavailable
 
     def planned(self, adapter: ModelAdapter) -> "Planned":
-        """This analysis on the model: its probes and whether it can run, computed once for the plan and the pass."""
+        """This analysis on the model: its probes and whether it can run, computed once for the plan and the pass. A
+        section with reasons of its own to refuse a model overrides this and returns ``Planned(self, {}, why)``."""
         if self.dense_mlp_only and adapter.info.n_experts is not None:
             return Planned(self, {}, f"{self.name} ranks the units of one MLP per layer; this model routes each token to {adapter.info.n_experts} "
                                      "experts' MLPs (super_experts reads them per expert)")

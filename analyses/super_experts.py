@@ -22,7 +22,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from lens_bias.analyses.base import Analysis, Result, measure
+from lens_bias.analyses.base import Analysis, Planned, Result, measure
 from lens_bias.analyses.super_weights import SPIKE, check_top_and_position
 from lens_bias.core.adapter import ModelAdapter, one_adapter_per_call
 from lens_bias.core.errors import LensBiasError
@@ -134,13 +134,13 @@ class SuperExperts(Analysis[SuperExpertsResult]):
     def applies_to(self, info: ModelInfo) -> bool:
         return info.n_experts is not None
 
-    def unavailable(self, adapter: ModelAdapter) -> str | None:
+    def planned(self, adapter: ModelAdapter) -> Planned:
         if adapter.info.n_experts is None:
-            return f"{self.name} reads the experts of a mixture of experts; this model has one MLP per layer (see super_weights)"
+            return Planned(self, {}, f"{self.name} reads the experts of a mixture of experts; this model has one MLP per layer (see super_weights)")
         if not moe_layers(adapter.model):
-            return (f"{self.name} reads Hugging Face sparse mixture-of-experts blocks (fused experts with a down_proj [expert, ...] and a "
-                    f"router) through a TransformerLens 4 bridge; this {type(adapter.model).__name__} has none")
-        return super().unavailable(adapter)
+            return Planned(self, {}, f"{self.name} reads Hugging Face sparse mixture-of-experts blocks (fused experts with a down_proj [expert, ...] "
+                                     f"and a router) through a TransformerLens 4 bridge; this {type(adapter.model).__name__} has none")
+        return super().planned(adapter)
 
     def probes(self, adapter: ModelAdapter) -> dict[Hashable, Probe]:
         return {layer: Probe(f"blocks.{layer}.mlp.hook_in", f"states@{self.position}", _states_at(self.position))
