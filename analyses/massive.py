@@ -267,7 +267,7 @@ def massive_activations(
     massive_abs: float = 100.0,
     massive_ratio: float = 1000.0,
     batch_size: int | None = None,
-    progress: bool = False,
+    progress: bool = True,
 ) -> MassiveActivationsResult:
     """Top-``top`` |h| and median |h| of every block's output (Sun et al.), from one batched pass over ``tokens``.
 
@@ -308,7 +308,7 @@ def massive_ablation(
     dims: Sequence[int] | None = None,
     positions: Sequence[int] = (0,),
     batch_size: int | None = None,
-    progress: bool = False,
+    progress: bool = True,
 ) -> PerplexityTable:
     """Perplexity of ``eval_tokens`` unedited, with the massive activations set to zero, and set to their mean.
 

@@ -52,7 +52,7 @@ def perplexity(
     *,
     interventions: Sequence[InterventionLike] = (),
     batch_size: int | None = None,
-    progress: bool = False,
+    progress: bool = True,
 ) -> float:
     """exp(mean next-token NLL) of ``tokens`` under ``model``, with ``interventions`` attached for the passes.
 
@@ -141,7 +141,7 @@ def perplexity_table(
     *,
     title: str,
     batch_size: int | None = None,
-    progress: bool = False,
+    progress: bool = True,
 ) -> PerplexityTable:
     """A :class:`PerplexityTable` from ``(name, description, interventions)`` triples, the baseline first."""
     ppls = [perplexity(model, eval_tokens, interventions=ivs, batch_size=batch_size, progress=progress) for _, _, ivs in conditions]

@@ -240,7 +240,7 @@ def _measured(
         "learned": result.learned_share().mean(dim=1) if result.declares_sink else None,
         "massive": torch.stack([kept[extra["massive", layer].key].mean() for layer in range(n_layers)]),
         "disparity": torch.stack([kept[extra["disparity", layer].key].mean() for layer in range(n_layers)]),
-        "perplexity": perplexity(model, tokens, interventions=edits, batch_size=batch_size),
+        "perplexity": perplexity(model, tokens, interventions=edits, batch_size=batch_size, progress=False),
     }
 
 
@@ -258,7 +258,7 @@ def sink_attribution(
     factor: float = 8.0,
     seed: int = 0,
     batch_size: int | None = None,
-    progress: bool = False,
+    progress: bool = True,
 ) -> SinkAttributionResult:
     """Measure the sink's causal chain on ``tokens``: one pass per condition, and its perplexity.
 

@@ -193,7 +193,7 @@ def super_experts(
     position: int = 0,
     interventions: Sequence[InterventionLike] = (),
     batch_size: int | None = None,
-    progress: bool = False,
+    progress: bool = True,
 ) -> SuperExpertsResult:
     """Super weights per expert of a mixture of experts, ``(layer, expert, row, col)``; see module docstring.
 

@@ -246,7 +246,7 @@ def super_weights(
     position: int = 0,
     interventions: Sequence[InterventionLike] = (),
     batch_size: int | None = None,
-    progress: bool = False,
+    progress: bool = True,
 ) -> SuperWeightsResult:
     """Super-weight candidates from the down-projection spikes at the first token (Yu et al.); see module docstring.
 
@@ -284,7 +284,7 @@ def super_weight_table(
     n_random: int = 100,
     seed: int = 0,
     batch_size: int | None = None,
-    progress: bool = False,
+    progress: bool = True,
 ) -> PerplexityTable:
     """Held-out perplexity with the top super-weight candidate removed, against two controls.
 

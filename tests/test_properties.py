@@ -26,6 +26,7 @@ import lens_bias.hooks as H
 from lens_bias.cli import main
 from lens_bias.core import memory
 from lens_bias.core.probes import last_position
+from lens_bias.hooks.base import fix_for_inputs
 from lens_bias.seedprint import Fingerprint
 
 from .conftest import assert_same_state, hook_snapshot, state_copy, tiny, warmed_snapshot
@@ -169,7 +170,9 @@ def test_interventions(model, make, layers, n, seq_len, batch_size):
     tokens = lens_bias.random_tokens(n, seq_len, V) if n >= 1 and seq_len >= 1 else None
     try:
         edits = [f(layers) for f in make]
-        hooks = lens_bias.hooks.edit_hooks(model[0], edits)
+        # as analyze does: an edit that reads its batch (MeanCenterMLP) is fixed over all the inputs first
+        fixed = fix_for_inputs(model[0], edits, tokens if tokens is not None else lens_bias.random_tokens(n, seq_len, V), batch_size)
+        hooks = lens_bias.hooks.edit_hooks(model[0], fixed)
         kept = lens_bias.extend.ModelAdapter(model[0]).collect(
             tokens if tokens is not None else lens_bias.random_tokens(n, seq_len, V), [last_position("ln_final.hook_normalized")],
             batch_size=batch_size, hooks=hooks, progress=False,
@@ -178,11 +181,15 @@ def test_interventions(model, make, layers, n, seq_len, batch_size):
         refused(err)
     else:
         event("result")
-        # The same edits in one plain forward pass of TransformerLens's own: equal readouts, whatever the batching.
+        # The same edits in one plain forward pass of TransformerLens's own: equal readouts, whatever the batching,
+        # except for MeanCenterMLP, whose mean is its batch's by definition (one batch of all the inputs then).
         seen: dict[str, torch.Tensor] = {}
+        split = batch_size is not None and batch_size < n and any(isinstance(e, H.MeanCenterMLP) for e in edits)
         with torch.no_grad():
-            model[0].run_with_hooks(tokens, fwd_hooks=[*hooks, ("ln_final.hook_normalized", lambda x, hook: seen.setdefault("x", x[:, -1].clone()))])
-        torch.testing.assert_close(kept["ln_final.hook_normalized:last"].float(), seen["x"].float(), atol=1e-4, rtol=1e-4)
+            chunks = tokens.split(batch_size) if split else [tokens]
+            for chunk in chunks:
+                model[0].run_with_hooks(chunk, fwd_hooks=[*hooks, ("ln_final.hook_normalized", lambda x, hook: seen.setdefault("x", []).append(x[:, -1].clone()))])
+        torch.testing.assert_close(kept["ln_final.hook_normalized:last"].float(), torch.cat(seen["x"]).float(), atol=1e-4, rtol=1e-4)
     unchanged(model)
 
 

@@ -335,8 +335,8 @@ class ModelAdapter:
         check_context(inputs.shape[1], self.info.n_ctx)
         if not is_tokens(inputs):
             self.require(["hook_embed"], "embedding inputs")
-            if inputs.shape[2] != self.info.d_model:
-                raise LensBiasError(f"embedding inputs have width {inputs.shape[2]}, the model's d_model is {self.info.d_model}")
+            if inputs.shape[-1] != self.info.d_model:  # [n, seq, d_model]
+                raise LensBiasError(f"embedding inputs have width {inputs.shape[-1]}, the model's d_model is {self.info.d_model}")
         if isinstance(inputs, Tensor) and inputs.is_floating_point():
             bad = ~torch.isfinite(inputs)
             if bad.any():
