@@ -42,13 +42,17 @@ class AnalyzeSettings(Serialisable):
     ``analyze(model, n_sequences=64)`` is ``analyze(model, settings=AnalyzeSettings(n_sequences=64))``.
     """
 
-    inputs: Union[str, Inputs] = "tokens"  # "tokens" (uniform IDs), "text" (held-out prose), "embeddings", or a tensor
-    n_sequences: int = 256  # random sequences (ignored for tensor inputs): enough for p̄ over a 50k vocabulary to settle
-    seq_len: int = 128  # tokens per sequence (ignored for tensor inputs): long enough for the 1/t law to show
+    # "tokens" (IDs uniform in [0, d_vocab)), "text" (held-out prose through model.tokenizer), "embeddings" (Gaussian
+    # with the model's embedding mean and std), or token IDs [n, seq], embeddings [n, seq, d_model], RandomEmbeddings
+    inputs: Union[str, Inputs] = "tokens"
+    n_sequences: int = 256  # random sequences, at least 2 (ignored for tensor inputs): p̄ over a 50k vocabulary settles
+    seq_len: int = 128  # tokens per sequence, 2 to the model's n_ctx (ignored for tensor inputs): the 1/t law shows
     seed: int = 42  # seed of the random inputs
-    batch_size: int | None = None  # sequences per forward pass (None: what the memory plan allows)
+    batch_size: int | None = None  # sequences per forward pass (None: what the memory plan allows at this length)
     device: Union[str, torch.device, None] = None  # the device the model is on, as a check: lens_bias never moves a model
-    regime: str | None = None  # "init" or "trained" instead of what lens_bias recorded of the model (ModelInfo.regime)
+    # "init" or "trained" instead of what lens_bias recorded of the model (ModelInfo.regime: a model it did not build
+    # or load counts as trained); the report's order and headline follow it
+    regime: str | None = None
 
 
 @dataclass
