@@ -28,7 +28,7 @@ from lens_bias.core.registry import Registry
 from lens_bias.core.serialise import Serialisable
 from lens_bias.hooks.base import edit_hooks, fix_for_inputs
 
-__all__ = ["Analysis", "Planned", "Result", "Results", "SECTIONS", "run_analyses", "run_planned", "measure"]
+__all__ = ["Analysis", "Planned", "Result", "Results", "SECTIONS", "run_analyses", "run_planned", "measure", "result_type_of"]
 
 
 class Result(Serialisable):
@@ -104,6 +104,12 @@ class Result(Serialisable):
         return self.summary()
 
 
+def result_type_of(cls: type, generic: type) -> type[Result] | None:
+    """The Result a subclass names as ``generic``'s argument (``class Sinks(Analysis[SinksResult])``), or None."""
+    typed = [get_args(base)[0] for base in getattr(cls, "__orig_bases__", ()) if get_origin(base) is generic and get_args(base)]
+    return typed[0] if typed and isinstance(typed[0], type) and issubclass(typed[0], Result) else None
+
+
 # Section name -> its analysis, in report order (``Analysis.order``); every named subclass adds itself.
 SECTIONS: Registry[type["Analysis"]] = Registry("analysis", order=lambda cls: cls.order)
 
@@ -136,9 +142,9 @@ class Analysis(Generic[R]):
         if "name" not in cls.__dict__:  # a subclass without its own name is a base for others, not a section
             return
         SECTIONS.check(cls.name, cls)
-        typed = [get_args(base)[0] for base in getattr(cls, "__orig_bases__", ()) if get_origin(base) is Analysis and get_args(base)]
-        if typed and isinstance(typed[0], type) and issubclass(typed[0], Result):
-            cls.result_type = typed[0]
+        typed = result_type_of(cls, Analysis)
+        if typed is not None:
+            cls.result_type = typed
         if cls.result_type is Result:  # BiasReport.from_dict rebuilds the section through it
             raise LensBiasError(f"{cls.__qualname__} names no result type; subclass Analysis[YourResult], the Result dataclass its finalize returns")
         SECTIONS.add(cls.name, cls)

@@ -23,7 +23,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from lens_bias.analyses.base import SECTIONS, Planned, Result, Results
+from lens_bias.analyses.base import SECTIONS, Planned, Result, Results, result_type_of
 from lens_bias.core.adapter import ModelAdapter
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.inputs import Inputs, InputSpec, token_ids
@@ -106,11 +106,10 @@ class ExtraPass(Generic[R]):
             return
         if cls.name in SECTIONS:
             raise LensBiasError(f"pass {cls.name!r} is already a section's name; pick another")
-        bases = [b for b in getattr(cls, "__orig_bases__", ()) if getattr(b, "__origin__", None) is ExtraPass]
-        typed = [arg for b in bases for arg in getattr(b, "__args__", ())]
-        if not (typed and isinstance(typed[0], type) and issubclass(typed[0], Result)):
+        typed = result_type_of(cls, ExtraPass)
+        if typed is None:
             raise LensBiasError(f"{cls.__qualname__} names no result type; subclass ExtraPass[YourResult]")
-        cls.result_type = typed[0]
+        cls.result_type = typed
         PASSES.check(cls.name, cls)
         PASSES.add(cls.name, cls)
 

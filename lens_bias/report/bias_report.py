@@ -156,14 +156,15 @@ def plan_run(model: Any, sections: Sequence[Any] | None = None, settings: Analyz
 
 
 def _old_spellings(sections: Sequence[Any] | None, ablations: bool | None, attribution: Any) -> Sequence[Any] | None:
-    """``ablations=`` and ``attribution=`` as the sections they now are, with a DeprecationWarning."""
+    """``ablations=`` and ``attribution=`` as the sections they now are, with a DeprecationWarning at the caller's line
+    (four frames up: this, ``analyze``, the one-adapter wrapper, the caller)."""
     added: list[Any] = []
     if ablations is not None:
-        warnings.warn('analyze(ablations=True) is deprecated: name it among the sections, sections=[..., "ablations"]', DeprecationWarning, stacklevel=3)
+        warnings.warn('analyze(ablations=True) is deprecated: name it among the sections, sections=[..., "ablations"]', DeprecationWarning, stacklevel=4)
         added += ["ablations"] if ablations else []
     if attribution is not None:
         warnings.warn('analyze(attribution=...) is deprecated: name it among the sections, sections=[..., "sink_attribution"] '
-                      "(or SinkAttribution(result=...) for one already run)", DeprecationWarning, stacklevel=3)
+                      "(or SinkAttribution(result=...) for one already run)", DeprecationWarning, stacklevel=4)
         if isinstance(attribution, SinkAttributionResult):
             added.append(SinkAttribution(result=attribution))
         elif attribution:
