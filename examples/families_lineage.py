@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from lens_bias.core.provenance import command_line, tables_record, write_results
-from lens_bias.experiments.descendants import lineage_metrics
+from lens_bias.experiments.descendant_scores import lineage_metrics
 from lens_bias.seedprint import Fingerprint, LineageMatrix, pairwise_lineage
 from lens_bias.seedprint.readings import ReadingFiles
 
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> tuple[pd.DataFrame, dict[str, Lineage
                                                    "auto_maps": ["pairs", "token_source", "basis_map"]},
                                                   {"auc": ".4f", "tpr_at_1pct_fpr": ".3f", "tpr_at_alpha": ".3f", "fpr_at_alpha": ".3f", "seconds": ".0f",
                                                    "largest_fit": ".3g", "smallest_fit": ".3g"},
-                                                  ("examples/families_lineage.py", "lens_bias/seedprint", "lens_bias/experiments/descendants.py"), command, numbers=numbers))
+                                                  ("examples/families_lineage.py", "lens_bias/seedprint", "lens_bias/experiments/descendant_scores.py"), command, numbers=numbers))
     return table, matrices
 
 

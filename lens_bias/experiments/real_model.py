@@ -4,7 +4,7 @@
    tokens and one repeated token, with and without a BOS token, per layer and head.
 2. Massive activations and 3. super weights: :mod:`lens_bias.analyses.massive`, :mod:`lens_bias.analyses.super_weights`.
 4. Moving the sink (:func:`move_sink_table`): MaskToSelf(k), AmplifyVariance(k, λ) and the ScaleNorm(k, λ)
-   control on text, α_k and Sink_k with standard errors over sequences (``lens_bias.experiments.sink_training.intervention_table``).
+   control on text, α_k and Sink_k with standard errors over sequences (``lens_bias.experiments.sink_measures.intervention_table``).
 5. SeedPrint against descendants: :mod:`lens_bias.experiments.descendants`.
 6. Low precision (:func:`precision_table`): ``analyze`` in bf16 and fp16, every number finite, compared with float32.
 
@@ -34,7 +34,7 @@ from lens_bias.core.provenance import numbers_of, results_record, table_of, writ
 from lens_bias.core.serialise import Serialisable
 from lens_bias.core.tables import markdown_table
 from lens_bias.experiments.base import Experiment, Outcome
-from lens_bias.experiments.sink_training import intervention_table
+from lens_bias.experiments.sink_measures import intervention_table
 from lens_bias.models import load_model
 from lens_bias.report.bias_report import BiasReport, analyze
 
@@ -135,7 +135,7 @@ def move_sink_table(model: Any, *, n: int = 64, seq_len: int = 64, position: int
 # bf16 keeps 8 significant bits (relative step 2^-8 ≈ 0.004); 30 layers of rounding measured ≤ 2 steps on SmolLM2.
 _BF16_STEP = 2.0**-8
 # the sources the results file's numbers come from (a page says when one changed since the run)
-DEPENDS = ("lens_bias/experiments/real_model.py", "lens_bias/experiments/sink_training.py", "analyses", "hooks")
+DEPENDS = ("lens_bias/experiments/real_model.py", "lens_bias/experiments/sink_measures.py", "analyses", "hooks")
 _COMPARED: dict[str, tuple[str, float]] = {
     "sinks.sink_rate_0": ("abs", 3.0),
     "sinks.first_token_share": ("abs", 0.02),

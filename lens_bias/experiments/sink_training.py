@@ -26,23 +26,20 @@ from typing import Any, Mapping, Sequence, Union
 import pandas as pd
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from lens_bias.analyses.base import measure
-from lens_bias.analyses.positional_variance import PositionalVariance
 from lens_bias.analyses.sinks import Sinks, SinksResult
 from lens_bias.analyses.super_neurons import SuperNeurons
 from lens_bias.core.corpora import code, prose
 from lens_bias.core.errors import LensBiasError
-from lens_bias.core.inputs import RandomTokens, check_later_position, with_bos
+from lens_bias.core.inputs import check_later_position, with_bos
 from lens_bias.core.provenance import numbers_of, results_record, table_of, write_results
 from lens_bias.core.serialise import Serialisable
 from lens_bias.core.tables import markdown_table
 from lens_bias.experiments.base import Experiment, Outcome
-from lens_bias.hooks.attention import MaskToSelf, UniformAttention
+from lens_bias.experiments.sink_measures import init_variance_table, intervention_table, parity_row, sinks_by_layer
 from lens_bias.hooks.base import Intervention
 from lens_bias.hooks.headwise_rmsnorm import HeadwiseRMSNorm
-from lens_bias.hooks.variance import AmplifyVariance, ScaleNorm
 from lens_bias.models import ModelSpec, random_init
 from lens_bias.models.checkpoints import load_checkpoint, save_checkpoint
 from lens_bias.training.data import TokenData
@@ -156,31 +153,6 @@ class SinkExperimentResult:
         return "\n\n".join(parts) + "\n"
 
 
-def init_variance_table(cfg: SinkConfig, seeds: Sequence[int] = (0, 1), *, progress: bool = False) -> pd.DataFrame:
-    """Experiment 1: r_t at init for softmax and uniform attention, two seeds, MaskToSelf, HeadwiseRMSNorm."""
-    k = cfg.position
-    spec = cfg.init_model
-    tokens = RandomTokens(cfg.init_sequences, cfg.seq_len, spec.d_vocab, seed=7)  # random_tokens' IDs, drawn per batch
-    conditions: list[tuple[str, int, float, list[Intervention]]] = []
-    for seed in seeds:
-        conditions += [(f"softmax, seed {seed}", seed, spec.init_std, []), (f"uniform, seed {seed}", seed, spec.init_std, [UniformAttention()])]
-    conditions += [
-        (f"MaskToSelf({k}), seed {seeds[0]}", seeds[0], spec.init_std, [MaskToSelf(position=k)]),
-        (f"HeadwiseRMSNorm, seed {seeds[0]}", seeds[0], spec.init_std, [HeadwiseRMSNorm(gain=False)]),
-        (f"softmax, init std 0.2, seed {seeds[0]}", seeds[0], 0.2, []),
-    ]
-    rows = []
-    for name, seed, std, ivs in tqdm(conditions, desc="init variance", disable=not progress):
-        res = measure(random_init(replace(spec, seed=seed, init_std=std)), tokens, [PositionalVariance()], interventions=ivs).of(PositionalVariance)
-        r, t = res.r_out[0], res.r_out.shape[1]
-        rows.append({
-            "condition": name, "alpha_layer0": res.alpha_out()[0].item(), "alpha_heads_z": res.alpha_z()[0].mean().item(),
-            "max_dev_sqrt_law": res.law_deviation()[0].item(), f"r_{k}": r[k].item(), f"r_{k}_law": (k + 1) ** -0.5,
-            f"r_{t - 1}": r[-1].item(), "alpha_by_layer": [round(a, 3) for a in res.alpha_out().tolist()],
-        })
-    return pd.DataFrame(rows)
-
-
 def corpus_data(cfg: SinkConfig, *, progress: bool = False) -> TokenData:
     """The packed training text of ``cfg`` (the prose tokenizer in both cases, cached after the first call)."""
     if cfg.corpus not in ("prose", "code"):
@@ -194,51 +166,6 @@ def eval_tokens(data: TokenData, n: int) -> Tensor:
     if len(data.eval) < n:
         raise LensBiasError(f"only {len(data.eval)} held-out blocks; lower n_eval")
     return with_bos(data.eval[:n, :-1], BOS)
-
-
-def sinks_by_layer(init: SinksResult, trained: SinksResult, eps: float) -> pd.DataFrame:
-    """Experiment 2: per layer, Sink_0 at ε and at 0.1, first-token share and residual norm ratio, init vs trained."""
-    rows = []
-    for layer in range(trained.alpha_mean.shape[0]):
-        row: dict[str, Any] = {"layer": layer}
-        for name, res in (("init", init), ("trained", trained)):
-            row[f"{name}_sink0@{eps:g}"] = res.rate_by_head(0, eps)[layer].mean().item()
-            row[f"{name}_sink0@0.1"] = res.rate_by_head(0, 0.1)[layer].mean().item()
-            row[f"{name}_share0"] = res.share(0)[layer].mean().item()
-            row[f"{name}_norm_ratio0"] = res.norm_ratio[layer].item()
-        rows.append(row)
-    return pd.DataFrame(rows)
-
-
-def intervention_table(model: Any, tokens: Tensor, position: int, factor: float, eps: float, baseline: SinksResult | None = None) -> pd.DataFrame:
-    """Experiment 3: α_k (mean ± SE over sequences) and Sink_k under each intervention, against the baseline.
-
-    ``baseline``: the unedited model's Sinks result on ``tokens`` at ``eps``, when already computed.
-    """
-    conditions: list[tuple[str, list[Intervention]]] = [
-        ("baseline", []),
-        (f"MaskToSelf({position})", [MaskToSelf(position=position)]),
-        (f"AmplifyVariance({position}, {factor:g})", [AmplifyVariance(position=position, factor=factor)]),
-        (f"ScaleNorm({position}, {factor:g})", [ScaleNorm(position=position, factor=factor)]),
-    ]
-    per_sequence: dict[str, Tensor] = {}
-    rows = []
-    for name, ivs in conditions:
-        if not ivs and baseline is not None:
-            res = baseline
-        else:
-            res = measure(model, tokens, [Sinks(eps=eps, per_sequence=True)], interventions=ivs).of(Sinks)
-        alpha_k = res.per_sequence()[..., position].mean(dim=(1, 2))  # [n]: mean over layers and heads
-        per_sequence[name] = alpha_k
-        diff = alpha_k - per_sequence["baseline"]
-        se_diff = diff.std() / len(diff) ** 0.5
-        rows.append({
-            "condition": name, f"alpha_{position}": alpha_k.mean().item(), "se": (alpha_k.std() / len(alpha_k) ** 0.5).item(),
-            "diff_vs_baseline": diff.mean().item(), "diff_in_se": (diff.mean() / se_diff).item() if se_diff > 0 else 0.0,
-            f"sink{position}@{eps:g}": res.rate(eps)[position].item(), f"sink{position}@0.1": res.rate(0.1)[position].item(),
-            "sink0@0.1": res.rate(0.1)[0].item(), "share0": res.share(0).mean().item(),
-        })
-    return pd.DataFrame(rows)
 
 
 def _training_row(name: str, run: TrainingRun, data: TokenData, seconds: float) -> dict[str, Any]:
@@ -347,7 +274,7 @@ def _rmsnorm_parity(
     training_rows: list[dict[str, Any]], out: Union[str, Path, None], device: Union[str, torch.device, None], progress: bool,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Experiment 4: train a model with head-wise RMSNorm beside the baseline (trained here when ``baseline_run`` is
-    None); each one's row (:func:`_parity_row`) and loss curve. Adds the runs to ``training_rows``."""
+    None); each one's row (:func:`parity_row`) and loss curve. Adds the runs to ``training_rows``."""
     rms_rows: list[dict[str, Any]] = []
     curves: list[dict[str, Any]] = []
     if baseline_run is None:  # the shipped checkpoint has no curve to compare with: train the baseline here
@@ -361,24 +288,12 @@ def _rmsnorm_parity(
     training_rows.append(_training_row("HeadwiseRMSNorm", rms_run, data, seconds))
     for name, m, ivs, run in (("baseline", base_model, [], baseline_run), ("HeadwiseRMSNorm", rms_model, [norm], rms_run)):
         sinks = trained_sinks if m is model else measure(m, tokens, [Sinks(eps=cfg.eps, per_sequence=True)], interventions=ivs).of(Sinks)
-        rms_rows.append({"model": name, "eval_loss": run.final_eval_loss, **_parity_row(cfg, m, sinks, ivs)})
+        rms_rows.append({"model": name, "eval_loss": run.final_eval_loss, **parity_row(cfg, m, sinks, ivs)})
         curves += [{"model": name, "step": int(r.step), "eval_loss": float(r.eval_loss)} for r in run.evals.itertuples()]
     if out is not None:
         Path(out).mkdir(parents=True, exist_ok=True)
         save_checkpoint(rms_model, Path(out) / "rmsnorm_model.pt", sink_config=json.dumps(cfg.to_dict()), interventions=json.dumps([norm.to_dict()]))
     return rms_rows, curves
-
-
-def _parity_row(cfg: SinkConfig, model: Any, sinks: SinksResult, interventions: Sequence[Intervention]) -> dict[str, float]:
-    """Experiment 4's numbers of one model: its sink on text, and its positional spread across *random* sequences
-    (on text every sequence starts with the same BOS)."""
-    variance = measure(model, RandomTokens(cfg.init_sequences, cfg.seq_len, cfg.vocab, seed=7), [PositionalVariance()], interventions=interventions)
-    spread = variance.of(PositionalVariance)
-    return {
-        f"sink0@{cfg.eps:g}": sinks.rate(cfg.eps)[0].item(), "sink0@0.1": sinks.rate(0.1)[0].item(), "share0": sinks.share(0).mean().item(),
-        "norm_ratio0_max": sinks.norm_ratio.max().item(), "alpha_out_mean": spread.alpha_out().mean().item(),
-        "r_last_mean": spread.r_out[:, -1].mean().item(),
-    }
 
 
 def checks(result: SinkExperimentResult) -> dict[str, bool]:
@@ -418,7 +333,7 @@ def summary(result: SinkExperimentResult) -> str:
 
 
 # the sources a run's numbers depend on (a page says when one changed since the run)
-DEPENDS = ("lens_bias/experiments/sink_training.py", "analyses", "hooks", "lens_bias/training", "lens_bias/models")
+DEPENDS = ("lens_bias/experiments/sink_training.py", "lens_bias/experiments/sink_measures.py", "analyses", "hooks", "lens_bias/training", "lens_bias/models")
 # each table's key column: its numbers are TABLE.KEY.COLUMN (lens_bias.core.provenance.numbers_of)
 _KEYS = {"init_variance": "condition", "sinks_by_layer": "layer", "interventions": "condition", "super_neurons": "rank", "rmsnorm": "model", "training": "run"}
 

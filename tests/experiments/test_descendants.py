@@ -19,6 +19,7 @@ from lens_bias.cli import main
 from lens_bias.core.corpora import Corpus, code
 from lens_bias.core.inputs import text_tokens
 from lens_bias.core.stats import auc
+from lens_bias.experiments import descendant_scores as S
 from lens_bias.experiments import descendants as D
 from lens_bias.models import reparametrise as R
 from lens_bias.models import transforms as T
@@ -275,7 +276,7 @@ def test_experiment_on_a_tiny_model(code_blocks, tmp_path):
         assert against_base.loc[rows.index, "score"].tolist() == pytest.approx((-rows.log10_p).tolist())
         assert metrics.auc == pytest.approx(auc(pairs.score.values, pairs.related.values))
         assert metrics.fpr_at_alpha == pytest.approx((pairs[~pairs.related].p < 0.01).mean())
-    pooled = D.lineage_metrics(pd.concat([result.pairs.assign(family="x"), result.pairs.assign(family="y")]))
+    pooled = S.lineage_metrics(pd.concat([result.pairs.assign(family="x"), result.pairs.assign(family="y")]))
     assert pooled.family.tolist() == ["x"] * 5 + ["y"] * 5 + ["pooled"] * 5
     assert pooled[pooled.family == "pooled"].auc.tolist() == pytest.approx(result.metrics.auc.tolist())
     metrics = result.metrics.set_index("align")
@@ -291,10 +292,10 @@ def test_experiment_on_a_tiny_model(code_blocks, tmp_path):
     assert len(lineage) == (len(models) + 1) * len(models) // 2 and lineage.same_base.sum() == 15 * 16 // 2
     with_base = lineage[(lineage.a == "tiny-model--base.pt") | (lineage.b == "tiny-model--base.pt")]
     against_base = with_base.set_index(with_base.a.where(with_base.b == "tiny-model--base.pt", with_base.b)).tau_bar
-    assert against_base[[f"tiny-model--{D._slug(t)}.pt" for t in models.target]].tolist() == pytest.approx(by_mode["None"].tau_bar.tolist(), abs=1e-6)
+    assert against_base[[f"tiny-model--{S.slug(t)}.pt" for t in models.target]].tolist() == pytest.approx(by_mode["None"].tau_bar.tolist(), abs=1e-6)
     # aligned, saved fingerprints are judged against the saved random inits of their width, less the pair tested
     inits = sorted(str(p) for p in (tmp_path / "prints").glob("*random-init*"))
-    picked = [str(tmp_path / "prints" / f"tiny-model--{D._slug(t)}.pt") for t in ("base", permuted)] + inits[:2]
+    picked = [str(tmp_path / "prints" / f"tiny-model--{S.slug(t)}.pt") for t in ("base", permuted)] + inits[:2]
     assert main(["lineage", *picked, "--align", "permutation", "--null-fingerprints", *inits, "--ratio-k", str(config.ratio_k),
                  "--out", str(tmp_path / "aligned"), "--no-progress"]) == 0
     aligned = pd.read_csv(tmp_path / "aligned" / "pairs.csv").set_index(["a", "b"])
@@ -307,7 +308,7 @@ def test_experiment_on_a_tiny_model(code_blocks, tmp_path):
     assert set(readings) == set(result.fingerprints)
     (tmp_path / "readings").mkdir()
     for target, reading in readings.items():  # as lens-bias descendants --out saves them
-        reading.save(tmp_path / "readings" / f"tiny-model--{D._slug(target)}.pt")
+        reading.save(tmp_path / "readings" / f"tiny-model--{S.slug(target)}.pt")
     assert main(["lineage", str(tmp_path / "prints"), "--labels", str(labels), "--readings", str(tmp_path / "readings"), "--ratio-k", str(config.ratio_k),
                  "--out", str(tmp_path / "auto"), "--no-progress"]) == 0
     saved = pd.read_csv(tmp_path / "auto" / "pairs.csv").assign(a=lambda t: t.a.str.rsplit("/", n=1).str[-1], b=lambda t: t.b.str.rsplit("/", n=1).str[-1])
@@ -315,7 +316,7 @@ def test_experiment_on_a_tiny_model(code_blocks, tmp_path):
     with_base = saved[(saved.a == "tiny-model--base.pt") | (saved.b == "tiny-model--base.pt")]
     with_base = with_base.set_index(with_base.a.where(with_base.b == "tiny-model--base.pt", with_base.b))
     for target, row in auto.iterrows():
-        pair = with_base.loc[f"tiny-model--{D._slug(target)}.pt"]
+        pair = with_base.loc[f"tiny-model--{S.slug(target)}.pt"]
         if pair.basis_map in ("identity", "none"):
             assert pair.log10_p == pytest.approx(row.log10_p, rel=1e-6)  # pairs.csv holds the float32 matrix
         else:
@@ -450,7 +451,7 @@ def test_several_families_from_the_command_line(code_blocks, tmp_path, monkeypat
     assert code == (0 if verdicts.ok.all() else 1) and verdicts[verdicts["align"] == "auto"].ok.all()
     record = json.loads((tmp_path / "descendants.json").read_text())
     pairs = pd.concat([pd.read_csv(tmp_path / f / "pairs.csv", keep_default_na=False).assign(family=f) for f in ("base-0", "base-2")], ignore_index=True)
-    expected = D.lineage_metrics(pairs)
+    expected = S.lineage_metrics(pairs)
     n = record["numbers"]
     for row in expected.itertuples():
         family = str(row.family).replace("-", "_")
@@ -478,7 +479,7 @@ def test_several_families_from_the_command_line(code_blocks, tmp_path, monkeypat
     assert table.untestable.tolist() == [0] * 6
     by_auto = matrices["auto_05"].to_pandas().set_index(["a", "b"])
     for row in pairs[(pairs["align"] == "auto") & (pairs.a == "base")].itertuples():
-        key = (f"{row.family}--base.pt", f"{row.family}--{D._slug(row.b)}.pt")
+        key = (f"{row.family}--base.pt", f"{row.family}--{S.slug(row.b)}.pt")
         pair = by_auto.loc[key if key in by_auto.index else key[::-1]]
         if pair.basis_map in ("identity", "none"):
             assert -pair.log10_p == pytest.approx(row.score, rel=1e-6), key
@@ -495,7 +496,7 @@ def test_several_families_from_the_command_line(code_blocks, tmp_path, monkeypat
     published = matrices["none_05"].to_pandas().set_index(["a", "b"]).log10_p
     own = pairs[(pairs["align"] == "None") & (pairs.a == "base") & pairs.related.astype(bool)]
     for row in own.itertuples():
-        key = (f"{row.family}--base.pt", f"{row.family}--{D._slug(row.b)}.pt")
+        key = (f"{row.family}--base.pt", f"{row.family}--{S.slug(row.b)}.pt")
         log10_p = published.get(key, published.get(key[::-1]))
         assert -log10_p == pytest.approx(row.score, rel=1e-6), key
     assert json.loads((tmp_path / "lineage.json").read_text())["numbers"]["tests.none_05.related_found"] == table.set_index("key").related_found["none_05"]
