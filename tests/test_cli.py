@@ -125,7 +125,7 @@ def test_fingerprint_default_length_fits_the_models_context(tmp_path, capsys):
     out = tmp_path / "fa.pt"
     assert main(["fingerprint", "llama:d=64,L=2,H=4,V=200,seed=3", "-o", str(out), "--sequences", "4", "--no-progress"]) == 0
     fp = lens_bias.Fingerprint.load(out)
-    assert fp.inputs["seq_len"] == 256 and fp.features.shape == (4, 64)
+    assert fp.inputs.seq_len == 256 and fp.features.shape == (4, 64)
 
 
 def test_attribution_command_writes_its_tables(tmp_path, capsys):

@@ -27,7 +27,8 @@ from lens_bias.cli import main
 from lens_bias.core import memory
 from lens_bias.core.probes import last_position
 from lens_bias.hooks.base import fix_for_inputs
-from lens_bias.seedprint import Fingerprint
+from lens_bias.core.adapter import ModelAdapter
+from lens_bias.seedprint import Fingerprint, InputRecord
 
 from .conftest import assert_same_state, hook_snapshot, state_copy, tiny, warmed_snapshot
 
@@ -194,9 +195,9 @@ def test_interventions(model, make, layers, n, seq_len, batch_size):
 
 
 @given(features=features(), n=st.integers(0, 3))
-def test_fingerprint_save_load(tmp_path_factory, features, n):
+def test_fingerprint_save_load(model, tmp_path_factory, features, n):
     path = tmp_path_factory.mktemp("fp") / "fp.pt"
-    fp = Fingerprint(features=features, inputs={"kind": "tokens", "n": n}, model={"d_model": D})
+    fp = Fingerprint(features=features, inputs=InputRecord(kind="tokens", n=n, seq_len=CTX), model=ModelAdapter.of(model[0]).info)
     try:
         fp.save(path)
         back = Fingerprint.load(path)
@@ -205,7 +206,7 @@ def test_fingerprint_save_load(tmp_path_factory, features, n):
         assert not path.exists() or path.stat().st_size > 0
     else:
         event("result")
-        assert torch.equal(back.features, features) and back.inputs == fp.inputs
+        assert torch.equal(back.features, features) and back.inputs == fp.inputs and back.model == fp.model
         assert features.ndim == 2 and features.is_floating_point() and torch.isfinite(features).all()
     assert [p.name for p in path.parent.iterdir()] in ([], ["fp.pt"])
 

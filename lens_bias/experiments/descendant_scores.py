@@ -11,7 +11,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Union
+from typing import Any, Callable, Mapping, Union
 
 import pandas as pd
 
@@ -20,9 +20,6 @@ from lens_bias.core.provenance import numbers_of, results_record, table_of
 from lens_bias.core.stats import detection_metrics
 from lens_bias.core.tables import markdown_table
 from lens_bias.seedprint.lineage import ALPHA, STRONG
-
-if TYPE_CHECKING:  # the config is only read here; descendants.py imports this module
-    from lens_bias.experiments.descendants import DescendantsConfig
 
 __all__ = ["DescendantsResult", "judge_pairs", "lineage_metrics", "families_record", "slug", "DEPENDS"]
 
@@ -90,7 +87,7 @@ class DescendantsResult:
 
 
 def judge_pairs(
-    cfg: DescendantsConfig, base: seedprint.Fingerprint, prints: dict[str, seedprint.Fingerprint], covers: dict[str, tuple],
+    align_modes: tuple, ratio_k: float, base: seedprint.Fingerprint, prints: dict[str, seedprint.Fingerprint], covers: dict[str, tuple],
     randoms: list[str], targets: list[str], autos: dict[str, seedprint.SeedPrintResult],
     auto_pair: Callable[[str, str], seedprint.SeedPrintResult],
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
@@ -106,9 +103,9 @@ def judge_pairs(
             return autos[tested[0]] if len(tested) == 1 else auto_pair(*tested)
         null = seedprint.AnalyticNull() if mode is None else seedprint.SeedsNull(
             fingerprints=[prints[r] for r in randoms if r not in tested], label="random inits of the config")
-        return seedprint.lineage_test(a, b, ratio_k=cfg.ratio_k, alpha=ALPHA, align=mode, null=null)
+        return seedprint.lineage_test(a, b, ratio_k=ratio_k, alpha=ALPHA, align=mode, null=null)
 
-    for mode in cfg.align_modes:
+    for mode in align_modes:
         first = len(pairs)
         for name in targets:
             descendant = name not in randoms

@@ -192,7 +192,7 @@ def real_descendants(
         a, b = (copy_model(next(random_inits(model, [randoms[name]]))) for name in (one, other))
         return auto_test(a, b, _prints(cfg), _test(cfg), maps=maps)
 
-    tests, metrics, pairs = judge_pairs(cfg, base, prints, covers, list(randoms), list(models.target), autos, auto_pair)
+    tests, metrics, pairs = judge_pairs(cfg.align_modes, cfg.ratio_k, base, prints, covers, list(randoms), list(models.target), autos, auto_pair)
     return DescendantsResult(
         table=pd.DataFrame(tests), models=models, metrics=pd.DataFrame(metrics), base_eval_loss=base_loss, fingerprints=prints,
         config=cfg.to_dict(), seconds=time.perf_counter() - started, pairs=pd.DataFrame(pairs), not_made=not_made,
@@ -208,14 +208,14 @@ def _prints(cfg: DescendantsConfig) -> seedprint.FingerprintSettings:
 
 def _test(cfg: DescendantsConfig) -> seedprint.LineageSettings:
     """The published test at the experiment's m, which "auto" runs after its maps."""
-    return seedprint.LineageSettings(ratio_k=cfg.ratio_k, alpha=ALPHA)
+    return seedprint.LineageSettings(ratio_k=cfg.ratio_k, alpha=ALPHA, align=None)
 
 
 def _auto(model: Any, maps: Maps, target: Any, base: seedprint.Fingerprint, made: seedprint.Fingerprint, cfg: DescendantsConfig) -> seedprint.SeedPrintResult:
     """``compare``'s default test of the base against ``target`` through ``maps`` (read from the base's embedding,
     read once for every target), reusing both fingerprints where the maps leave the inputs alone (``made`` read
     renamed tokens where ``fingerprint_like`` found a renaming: not reused)."""
-    return auto_test(model, target, _prints(cfg), _test(cfg), maps=maps, made=(base, None if made.inputs.get("renamed") else made))
+    return auto_test(model, target, _prints(cfg), _test(cfg), maps=maps, made=(base, None if made.inputs.renamed else made))
 
 
 def _reading(target: Any, made: list[tuple[Tensor, seedprint.Fingerprint]], wanted: list[Tensor], cfg: DescendantsConfig) -> Reading:
@@ -239,7 +239,7 @@ def _descendant_reading(model: Any, target: Any, base: seedprint.Fingerprint, ma
     for, and on those the base's ``maps`` ask for (a renaming in another basis, which ``fingerprint_like`` does not
     see: its pairs with the base's other descendants read them)."""
     drawn = drawn_tokens(base)
-    renamed = renamed_tokens(model, target, drawn) if made.inputs.get("renamed") else None  # what fingerprint_like read, found again
+    renamed = renamed_tokens(model, target, drawn) if made.inputs.renamed else None  # what fingerprint_like read, found again
     inputs = mapped_inputs(maps, _prints(cfg))
     return _reading(target, [(drawn if renamed is None else renamed, made)], [drawn, *shared, *([] if inputs is None else [inputs[1]])], cfg)
 
@@ -305,7 +305,7 @@ def _descendants(
         if maps is not None and "auto" in cfg.align_modes:
             autos[name] = _auto(model, maps, target, base, prints[name], cfg)
         # a weight change is only defined in the base's basis (and vocabulary order)
-        change = relative_change(model, target) if covered == _KEEPS_BASIS and not prints[name].inputs.get("renamed") else float("nan")
+        change = relative_change(model, target) if covered == _KEEPS_BASIS and not prints[name].inputs.renamed else float("nan")
         renaming = getattr(target, "lens_bias_vocabulary", None)  # a renamed model reads the held-out text renamed
         rows.append({"target": name, "kind": "descendant", "weight_change": change,
                      "eval_loss": evaluate(target, held_out if renaming is None else renaming[held_out]) if loss is None else loss,

@@ -8,7 +8,7 @@ pretrained models by :mod:`~lens_bias.experiments.real_model`) and one model's s
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import pandas as pd
 from torch import Tensor
@@ -22,19 +22,17 @@ from lens_bias.hooks.attention import MaskToSelf, UniformAttention
 from lens_bias.hooks.base import Intervention
 from lens_bias.hooks.headwise_rmsnorm import HeadwiseRMSNorm
 from lens_bias.hooks.variance import AmplifyVariance, ScaleNorm
-from lens_bias.models import random_init
-
-if TYPE_CHECKING:  # the config is only read here; sink_training.py imports this module
-    from lens_bias.experiments.sink_training import SinkConfig
+from lens_bias.models import ModelSpec, random_init
 
 __all__ = ["init_variance_table", "sinks_by_layer", "intervention_table", "parity_row"]
 
 
-def init_variance_table(cfg: SinkConfig, seeds: Sequence[int] = (0, 1), *, progress: bool = False) -> pd.DataFrame:
-    """Experiment 1: r_t at init for softmax and uniform attention, two seeds, MaskToSelf, HeadwiseRMSNorm."""
-    k = cfg.position
-    spec = cfg.init_model
-    tokens = RandomTokens(cfg.init_sequences, cfg.seq_len, spec.d_vocab, seed=7)  # random_tokens' IDs, drawn per batch
+def init_variance_table(spec: ModelSpec, position: int, n_sequences: int, seq_len: int, seeds: Sequence[int] = (0, 1), *,
+                        progress: bool = False) -> pd.DataFrame:
+    """Experiment 1: r_t at init for softmax and uniform attention, two seeds, MaskToSelf, HeadwiseRMSNorm: inits of
+    ``spec`` on ``n_sequences`` random sequences of ``seq_len`` tokens, the interventions at ``position``."""
+    k = position
+    tokens = RandomTokens(n_sequences, seq_len, spec.d_vocab, seed=7)  # random_tokens' IDs, drawn per batch
     conditions: list[tuple[str, int, float, list[Intervention]]] = []
     for seed in seeds:
         conditions += [(f"softmax, seed {seed}", seed, spec.init_std, []), (f"uniform, seed {seed}", seed, spec.init_std, [UniformAttention()])]
@@ -100,13 +98,15 @@ def intervention_table(model: Any, tokens: Tensor, position: int, factor: float,
     return pd.DataFrame(rows)
 
 
-def parity_row(cfg: SinkConfig, model: Any, sinks: SinksResult, interventions: Sequence[Intervention]) -> dict[str, float]:
-    """Experiment 4's numbers of one model: its sink on text, and its positional spread across *random* sequences
-    (on text every sequence starts with the same BOS)."""
-    variance = measure(model, RandomTokens(cfg.init_sequences, cfg.seq_len, cfg.vocab, seed=7), [PositionalVariance()], interventions=interventions)
+def parity_row(model: Any, sinks: SinksResult, interventions: Sequence[Intervention], *, n_sequences: int, seq_len: int, vocab: int,
+               eps: float) -> dict[str, float]:
+    """Experiment 4's numbers of one model: its sink on text (``sinks``, read at ``eps``), and its positional spread
+    across ``n_sequences`` *random* sequences of ``seq_len`` IDs below ``vocab`` (on text every sequence starts with
+    the same BOS)."""
+    variance = measure(model, RandomTokens(n_sequences, seq_len, vocab, seed=7), [PositionalVariance()], interventions=interventions)
     spread = variance.of(PositionalVariance)
     return {
-        f"sink0@{cfg.eps:g}": sinks.rate(cfg.eps)[0].item(), "sink0@0.1": sinks.rate(0.1)[0].item(), "share0": sinks.share(0).mean().item(),
+        f"sink0@{eps:g}": sinks.rate(eps)[0].item(), "sink0@0.1": sinks.rate(0.1)[0].item(), "share0": sinks.share(0).mean().item(),
         "norm_ratio0_max": sinks.norm_ratio.max().item(), "alpha_out_mean": spread.alpha_out().mean().item(),
         "r_last_mean": spread.r_out[:, -1].mean().item(),
     }

@@ -232,7 +232,7 @@ def run_sink_experiment(
     for name, spec in (("model", cfg.model), ("init_model", cfg.init_model)):
         if cfg.seq_len > spec.n_ctx:
             raise LensBiasError(f"seq_len {cfg.seq_len} exceeds {name}.n_ctx {spec.n_ctx}; set {name}.n_ctx={cfg.seq_len} too")
-    init_table = init_variance_table(cfg, progress=progress)
+    init_table = init_variance_table(cfg.init_model, cfg.position, cfg.init_sequences, cfg.seq_len, progress=progress)
     training_rows = []
     if trained is not None:
         model, trained_cfg = sink_model(trained, device=device)
@@ -288,7 +288,7 @@ def _rmsnorm_parity(
     training_rows.append(_training_row("HeadwiseRMSNorm", rms_run, data, seconds))
     for name, m, ivs, run in (("baseline", base_model, [], baseline_run), ("HeadwiseRMSNorm", rms_model, [norm], rms_run)):
         sinks = trained_sinks if m is model else measure(m, tokens, [Sinks(eps=cfg.eps, per_sequence=True)], interventions=ivs).of(Sinks)
-        rms_rows.append({"model": name, "eval_loss": run.final_eval_loss, **parity_row(cfg, m, sinks, ivs)})
+        rms_rows.append({"model": name, "eval_loss": run.final_eval_loss, **parity_row(m, sinks, ivs, n_sequences=cfg.init_sequences, seq_len=cfg.seq_len, vocab=cfg.vocab, eps=cfg.eps)})
         curves += [{"model": name, "step": int(r.step), "eval_loss": float(r.eval_loss)} for r in run.evals.itertuples()]
     if out is not None:
         Path(out).mkdir(parents=True, exist_ok=True)

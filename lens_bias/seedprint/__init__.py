@@ -41,6 +41,7 @@ from lens_bias.seedprint.families import LineageMatrix, pairwise_lineage
 from lens_bias.seedprint.fingerprints import (
     FeaturesLike,
     Fingerprint,
+    InputRecord,
     FingerprintSettings,
     fingerprint,
     regenerate_inputs,
@@ -48,6 +49,7 @@ from lens_bias.seedprint.fingerprints import (
 from lens_bias.seedprint.lineage import (
     ALPHA,
     COMPARE,
+    PUBLISHED,
     STRONG,
     LineageSettings,
     SeedPrintResult,
@@ -65,7 +67,7 @@ from lens_bias.seedprint.nulls import (
 from lens_bias.seedprint.statistic import MODES, identity_dims, tau_null_sd
 
 __all__ = [
-    "Fingerprint", "FingerprintSettings", "LineageSettings", "SeedPrintResult", "fingerprint", "lineage_test", "compare", "fingerprint_like", "calibrate", "identity_dims", "tau_null_sd",
+    "Fingerprint", "InputRecord", "FingerprintSettings", "LineageSettings", "SeedPrintResult", "fingerprint", "lineage_test", "compare", "fingerprint_like", "calibrate", "identity_dims", "tau_null_sd",
     "seed_null_fingerprints", "regenerate_inputs", "Null", "AnalyticNull", "EmpiricalNull", "SeedsNull", "null_named", "NULLS", "MODES",
-    "FeaturesLike", "ALPHA", "STRONG", "COMPARE", "ALIGN_MODES", "pairwise_lineage", "LineageMatrix",
+    "FeaturesLike", "ALPHA", "STRONG", "COMPARE", "PUBLISHED", "ALIGN_MODES", "pairwise_lineage", "LineageMatrix",
 ]

@@ -15,7 +15,7 @@ from lens_bias.core.errors import LensBiasError
 from lens_bias.core.settings import overridden, route_keywords
 from lens_bias.seedprint.align import AlignMode, check_align
 from lens_bias.seedprint.fingerprints import Fingerprint, FingerprintSettings, fingerprint
-from lens_bias.seedprint.lineage import LineageSettings, lineage_test
+from lens_bias.seedprint.lineage import PUBLISHED, LineageSettings, lineage_test
 from lens_bias.seedprint.nulls import AnalyticNull, Null, SeedsNull
 
 __all__ = ["calibrate", "CALIBRATION"]
@@ -69,7 +69,7 @@ def calibrate(
     if "align" in routed["test"] or "null" in routed["test"]:
         raise LensBiasError("calibrate takes aligns=[...] and nulls=[...] (every one is tested on the same fingerprints), not align= or null=")
     prints_with = overridden(FingerprintSettings, settings if settings is not None else CALIBRATION, routed["settings"], "calibrate()")
-    testing = overridden(LineageSettings, test, routed["test"], "calibrate()")
+    testing = overridden(LineageSettings, test if test is not None else PUBLISHED, routed["test"], "calibrate()")
     kinds = [kinds] if isinstance(kinds, str) else list(kinds)
     if not all(isinstance(null, Null) for null in nulls):
         raise LensBiasError(f"nulls must be null objects such as (AnalyticNull(), SeedsNull()), got {list(nulls)!r}")

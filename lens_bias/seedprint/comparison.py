@@ -80,7 +80,7 @@ def compare(
         return auto_test(model_a, model_b, prints, testing, progress=progress)
     fp_a = fingerprint(model_a, prints, progress=progress)
     fp_b = fingerprint_like(model_b, model_a, fp_a, prints, progress=progress) if drawn_tokens else fingerprint(model_b, prints, progress=progress)
-    result = replace(lineage_test(fp_a, fp_b, testing, progress=progress), renamed_vocabulary=bool(fp_b.inputs.get("renamed")))
+    result = replace(lineage_test(fp_a, fp_b, testing, progress=progress), renamed_vocabulary=fp_b.inputs.renamed)
     return replace(result, caveat=caveats(result, info_a.regime == info_b.regime == "trained"))
 
 
@@ -238,7 +238,7 @@ def mapped_test(fp_a: Fingerprint, fp_b: Fingerprint, basis: BasisMap, test: Lin
 def _reused(fp: Fingerprint | None, model: Any, prints: FingerprintSettings, tokens: Tensor | None, progress: bool) -> Fingerprint:
     """``fp`` where it was made on ``tokens`` (None: on ``prints``' own drawn inputs), else ``model``'s fingerprint on them."""
     if fp is not None:
-        drawn = regenerate_inputs(fp) if fp.inputs.get("seed") is not None else None
+        drawn = regenerate_inputs(fp) if fp.inputs.seed is not None else None
         if tokens is None or (isinstance(drawn, RandomTokens) and torch.equal(tokens, drawn.tensor())):
             return fp
     return fingerprint(model, prints, progress=progress) if tokens is None else fingerprint(model, prints, inputs=tokens, progress=progress)
@@ -249,7 +249,7 @@ def fingerprint_like(
 ) -> Fingerprint:
     """``model``'s fingerprint on the random token inputs ``base`` (``base_model``'s) was made from; when ``model``'s
     vocabulary is ``base_model``'s renamed (:func:`~lens_bias.seedprint.vocabulary.renamed_tokens`), on the same
-    tokens under their new IDs, recorded as ``inputs["renamed"] = True``.
+    tokens under their new IDs, recorded as ``inputs.renamed``.
 
     Args:
         model: the suspect.
@@ -262,11 +262,10 @@ def fingerprint_like(
         A fingerprint whose input record is ``base``'s (with ``renamed`` added when renamed).
     """
     record = base.inputs
-    if record.get("kind") != "tokens" or record.get("seed") is None:
+    if record.kind != "tokens" or record.seed is None:
         raise LensBiasError("fingerprint_like reads a fingerprint made on drawn token inputs (inputs='tokens')")
-    tokens = regenerate_inputs(base)[0:record["n"]]
-    renamed = renamed_tokens(base_model, model, tokens)
-    same = replace(settings or FingerprintSettings(), inputs="tokens", n=record["n"], seq_len=record["seq_len"], seed=record["seed"], vocab=record["vocab"])
+    same = record.settings(settings)
+    renamed = renamed_tokens(base_model, model, regenerate_inputs(base)[0:record.n])
     if renamed is None:
         return fingerprint(model, same, progress=progress)
-    return replace(fingerprint(model, same, progress=progress, inputs=renamed), inputs={**record, "renamed": True})
+    return replace(fingerprint(model, same, progress=progress, inputs=renamed), inputs=replace(record, renamed=True))

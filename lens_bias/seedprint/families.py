@@ -213,7 +213,7 @@ def pairwise_lineage(
     if readings is not None and not saved:
         raise LensBiasError(f"readings name no reading for {[n for n in run.names if n not in readings][:3]}...: give every model one, or none")
     if testing.align == "auto" and any(isinstance(x, Fingerprint) for x in run.sources) and not saved:
-        if test is not None or "align" in routed["test"]:
+        if "align" in routed["test"]:  # asked for by name: refused; the settings' default: said, then the published test
             raise LensBiasError("align='auto' reads each model's weights, which a saved fingerprint does not hold: pass the models, or align=None for the published test")
         warnings.warn("pairwise_lineage: saved fingerprints hold no weights, so the pairs are tested by the published test (align=None), not "
                       "compare's default (align='auto'); pass readings= (what lens-bias descendants --out saves) for the default", stacklevel=2)
@@ -235,7 +235,7 @@ def pairwise_lineage(
     untestable: list[tuple[int, int]] = []
     for i, j in tqdm(pairs, desc="pairs", disable=not progress):
         if auto and readings is not None:
-            both_trained = all(p.model.get("regime") == "trained" for p in (prints[i], prints[j]))
+            both_trained = all(p.model.regime == "trained" for p in (prints[i], prints[j]))
             found = saved_auto_test(readings[run.names[i]], readings[run.names[j]], replace(testing, align=None), both_trained=both_trained)
             if found is None:
                 untestable.append((i, j))
@@ -289,7 +289,7 @@ def _auto_pair(run: LineageRun, prints: Sequence[Fingerprint], settings: Fingerp
         logger.info("%s reads %s's tokens through its token map (%s)", run.names[j], run.names[i], maps.tokens.source)
         return fingerprint(run.load(i), settings, inputs=read_a, progress=False), fingerprint(run.load(j), settings, inputs=read_b, progress=False)
 
-    result = auto_pair(maps, settings, made_or_make, test, all(p.model.get("regime") == "trained" for p in (prints[i], prints[j])))
+    result = auto_pair(maps, settings, made_or_make, test, all(p.model.regime == "trained" for p in (prints[i], prints[j])))
     assert result is not None  # made_or_make always has the two fingerprints
     return result
 
@@ -306,7 +306,7 @@ def _inputs_record(sources: Sequence[Any], prints: Sequence[Fingerprint], spec: 
     given = next((fp for x, fp in zip(sources, prints) if isinstance(x, Fingerprint)), None)
     if given is None:
         return {"kind": "tokens", **spec}
-    return {key: given.inputs.get(key) for key in ("kind", "n", "seq_len", "seed", "vocab")}
+    return {key: getattr(given.inputs, key) for key in ("kind", "n", "seq_len", "seed", "vocab")}
 
 
 def _labels(labels: Union[Sequence[str], Mapping[str, str], None], names: Sequence[str]) -> list[str] | None:

@@ -8,7 +8,7 @@ fingerprints must see the same inputs, and a trained model's ``W_E`` statistics 
 >>> import lens_bias
 >>> small = dict(d_model=64, n_layers=2, n_heads=4, d_vocab=500, n_ctx=16)
 >>> fp = fingerprint(lens_bias.random_init("gpt2", seed=1, **small), n=8, seq_len=16, progress=False)
->>> fp.n, fp.d, fp.inputs["kind"]
+>>> fp.n, fp.d, fp.inputs.kind
 (8, 64, 'tokens')
 """
 
@@ -17,10 +17,10 @@ from __future__ import annotations
 import copy
 import hashlib
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any, ClassVar, Literal, Union, overload
+from typing import Any, ClassVar, Literal, Mapping, Union, overload
 
 import numpy as np
 import torch
@@ -32,6 +32,7 @@ from lens_bias.core import offload, tl
 from lens_bias.core.adapter import NORMALIZED, ModelAdapter, one_adapter_per_call
 from lens_bias.core.errors import LensBiasError, WrongType
 from lens_bias.core.files import atomic_save, load_torch_file
+from lens_bias.core.model_facts import ModelInfo
 from lens_bias.core.inputs import (
     Inputs,
     RandomEmbeddings,
@@ -42,13 +43,40 @@ from lens_bias.core.probes import last_position
 from lens_bias.core.serialise import Serialisable
 from lens_bias.core.settings import overridden
 
-__all__ = ["Fingerprint", "FingerprintSettings", "fingerprint", "regenerate_inputs", "as_features", "check_compatible", "FeaturesLike"]
+__all__ = ["Fingerprint", "InputRecord", "FingerprintSettings", "fingerprint", "regenerate_inputs", "as_features", "check_compatible", "FeaturesLike"]
 
 logger = logging.getLogger(__name__)
 
 FeaturesLike = Union["Fingerprint", Tensor, np.ndarray]
 # Embedding inputs of a model whose init std lens_bias did not record: the Hugging Face initializer range.
 DEFAULT_EMBED_STD = 0.02
+
+
+@dataclass(frozen=True)
+class InputRecord(Serialisable):
+    """What a fingerprint read: enough to draw its inputs again (when they were drawn) and to refuse comparing two
+    fingerprints of different inputs.
+
+    >>> InputRecord(kind="tokens", n=8, seq_len=16, seed=42, vocab=500).settings().vocab
+    500
+    """
+
+    kind: str  # "tokens" or "embeddings"
+    n: int  # sequences
+    seq_len: int  # tokens per sequence
+    seed: int | None = None  # the drawn inputs' seed; None: the caller's own tensor, of which only the digest is kept
+    vocab: int | None = None  # drawn token IDs are below this
+    mean: float | None = None  # drawn embedding inputs are N(mean, std)
+    std: float | None = None
+    digest: str | None = None  # of the exact inputs (sha256), checked when they are drawn again
+    renamed: bool = False  # the base's inputs read through a renamed vocabulary (fingerprint_like): the same inputs
+
+    def settings(self, like: FingerprintSettings | None = None) -> FingerprintSettings:
+        """The settings that draw these inputs again (drawn token inputs only), with ``like``'s pass (batch size,
+        device, dtype, embed_std)."""
+        if self.kind != "tokens" or self.seed is None:
+            raise LensBiasError("only a fingerprint made on drawn token inputs (inputs='tokens') can be made again on the same inputs")
+        return replace(like or FingerprintSettings(), inputs="tokens", n=self.n, seq_len=self.seq_len, seed=self.seed, vocab=self.vocab)
 
 
 @dataclass
@@ -62,8 +90,8 @@ class Fingerprint:
     # gain, what the aligned tests compare (a rotated basis folds the gain into the next weights, so only the
     # gain-free reading is related to the base's by the rotation); None where it is the readout itself.
     features: Float[Tensor, "n d_model"]
-    inputs: dict[str, Any]  # kind, n, seq_len, seed, vocab / mean, std, and a digest of the exact inputs
-    model: dict[str, Any]  # lens_bias ModelInfo of the fingerprinted model
+    inputs: InputRecord  # what it read
+    model: ModelInfo  # the fingerprinted model (its regime tells the tests whether it is trained)
     spec: dict[str, Any] | None = None  # lens_bias ModelSpec when lens_bias built the model (rebuilds the null)
     versions: dict[str, str] = field(default_factory=dict)
     normalized: Float[Tensor, "n d_model"] | None = None
@@ -81,7 +109,16 @@ class Fingerprint:
 
         The file is written under a temporary name and renamed, so an interrupted save never leaves a partial file.
         """
-        atomic_save({"format": Fingerprint.FORMAT, **asdict(self)}, path)
+        atomic_save(self.saved(), path)
+
+    def saved(self) -> dict[str, Any]:
+        """What :meth:`save` writes: tensors and plain values (the records as dicts), with the format's name."""
+        return {"format": Fingerprint.FORMAT, **asdict(self)}
+
+    @classmethod
+    def from_saved(cls, data: Mapping[str, Any]) -> "Fingerprint":
+        """The fingerprint :meth:`saved` wrote (the ``format`` key left out)."""
+        return cls(**{**data, "inputs": InputRecord.from_dict(data["inputs"]), "model": ModelInfo.from_dict(data["model"])})
 
     @classmethod
     def load(cls, path: Union[str, Path]) -> "Fingerprint":
@@ -95,11 +132,17 @@ class Fingerprint:
             raise LensBiasError(f"{path} is not a lens_bias fingerprint file; {fix}")
         names = {f for f in cls.__dataclass_fields__}
         features = data.get("features")
+        damaged = LensBiasError(f"{path} is a damaged lens_bias fingerprint (fields {sorted(data)}); {fix}")
         if not names >= set(data) or not isinstance(features, Tensor) or features.ndim != 2 or not features.is_floating_point():
-            raise LensBiasError(f"{path} is a damaged lens_bias fingerprint (fields {sorted(data)}); {fix}")
+            raise damaged
+        if not all(isinstance(data.get(record), Mapping) for record in ("inputs", "model")):
+            raise damaged
         if not torch.isfinite(features).all() or (isinstance(data.get("normalized"), Tensor) and not torch.isfinite(data["normalized"]).all()):
             raise LensBiasError(f"{path} holds NaN/inf features: the fingerprinted model overflowed or is broken; {fix} in float32 or bfloat16")
-        return cls(**data)
+        try:
+            return cls.from_saved(data)
+        except LensBiasError as err:  # a record with fields this lens_bias does not know
+            raise LensBiasError(f"{path} holds a fingerprint record this lens_bias cannot read ({err}); {fix}") from None
 
 
 def _digest(inputs: Inputs) -> str:
@@ -215,18 +258,17 @@ def fingerprint(
     else:
         runner = _with_device_dtype(model, s.device, s.dtype)
         readings = ModelAdapter.of(runner).collect(data, probes, batch_size=s.batch_size, progress=progress, desc="fingerprint")
-    described["digest"] = _digest(data)  # after the pass: a count the memory guard refuses is refused after one batch
     return Fingerprint(
         features=readings[readout.key].contiguous(),
         normalized=readings[keys[1]].contiguous() if len(keys) > 1 else None,
-        inputs=described,
-        model=ModelAdapter.of(runner).info.to_dict(),
+        inputs=replace(described, digest=_digest(data)),  # after the pass: a count the memory guard refuses is refused after one batch
+        model=ModelAdapter.of(runner).info,
         spec=spec.to_dict() if spec is not None else None,
         versions=_versions(),
     )
 
 
-def _drawn_inputs(model: Any, s: FingerprintSettings, spec: Any) -> tuple[Inputs, dict[str, Any]]:
+def _drawn_inputs(model: Any, s: FingerprintSettings, spec: Any) -> tuple[Inputs, InputRecord]:
     """The inputs of ``s`` for ``model``, and their record: what regenerate_inputs needs to draw them again (of the
     user's own tensor, only its digest, added after the pass)."""
     info = ModelAdapter.of(model).info
@@ -243,13 +285,10 @@ def _drawn_inputs(model: Any, s: FingerprintSettings, spec: Any) -> tuple[Inputs
         raise WrongType(f"inputs must be 'tokens', 'embeddings', a tensor, RandomTokens or RandomEmbeddings, got {type(inputs).__name__}")
     std = s.embed_std if s.embed_std is not None else (spec.init_std if spec is not None else DEFAULT_EMBED_STD)
     data, given = resolve_inputs(inputs, model=model, d_vocab=vocab, n_sequences=s.n, seq_len=s.seq_len, seed=s.seed, embed_std=std)
-    drawn = isinstance(inputs, str)
-    described: dict[str, Any] = {"kind": given.kind, "n": given.n, "seq_len": given.seq_len, "seed": given.seed if drawn else None}
-    if drawn:
-        if isinstance(data, RandomEmbeddings):
-            described.update({"mean": data.mean, "std": data.std})
-        else:
-            described["vocab"] = vocab
+    described = InputRecord(kind=given.kind, n=given.n, seq_len=given.seq_len)
+    if isinstance(inputs, str):  # drawn: the record draws them again
+        extra = {"mean": data.mean, "std": data.std} if isinstance(data, RandomEmbeddings) else {"vocab": vocab}
+        described = replace(described, seed=given.seed, **extra)
     return data, described
 
 
@@ -272,13 +311,15 @@ def _sharded_readings(runner: Any, data: Inputs, probes: list[Any], batch_size: 
 def regenerate_inputs(base: Fingerprint) -> Inputs:
     """The exact inputs a fingerprint was made from, rebuilt from its record (checked against its digest)."""
     rec = base.inputs
-    if rec.get("seed") is None:
+    if rec.seed is None:
         raise LensBiasError("this fingerprint was made from your own input tensor, which it does not store; pass SeedsNull(fingerprints=...)")
-    if rec["kind"] == "tokens":
-        data: Inputs = RandomTokens(rec["n"], rec["seq_len"], rec["vocab"], rec["seed"])
+    if rec.kind == "tokens":
+        assert rec.vocab is not None  # a drawn token record holds its vocabulary
+        data: Inputs = RandomTokens(rec.n, rec.seq_len, rec.vocab, rec.seed)
     else:
-        data = RandomEmbeddings(rec["n"], rec["seq_len"], base.d, mean=rec["mean"], std=rec["std"], seed=rec["seed"])
-    if _digest(data) != rec["digest"]:
+        assert rec.mean is not None and rec.std is not None  # a drawn embedding record holds its distribution
+        data = RandomEmbeddings(rec.n, rec.seq_len, base.d, mean=rec.mean, std=rec.std, seed=rec.seed)
+    if _digest(data) != rec.digest:
         raise LensBiasError("regenerated inputs do not match the fingerprint's digest (made by another lens_bias version?)")
     return data
 
@@ -312,10 +353,10 @@ def check_compatible(a: FeaturesLike, b: FeaturesLike, fa: Tensor, fb: Tensor) -
             f"got {tuple(fa.shape)} and {tuple(fb.shape)}"
         )
     if isinstance(a, Fingerprint) and isinstance(b, Fingerprint):
-        keys = sorted(set(a.inputs) | set(b.inputs))
-        differ = [k for k in keys if k != "renamed" and a.inputs.get(k) != b.inputs.get(k)]  # renamed: the same inputs, renamed
+        keys = [f.name for f in fields(InputRecord) if f.name != "renamed"]  # renamed: the same inputs, renamed
+        differ = [k for k in keys if getattr(a.inputs, k) != getattr(b.inputs, k)]
         if differ:
-            detail = ", ".join(f"{k}: {a.inputs.get(k)!r} vs {b.inputs.get(k)!r}" for k in differ if k != "digest")
+            detail = ", ".join(f"{k}: {getattr(a.inputs, k)!r} vs {getattr(b.inputs, k)!r}" for k in differ if k != "digest")
             raise LensBiasError(
                 f"the fingerprints were made from different inputs ({detail or 'different input tensors'}); "
                 "fingerprint both models with the same inputs, n, seq_len, seed and vocab (the smallest vocabulary)"

@@ -18,6 +18,7 @@ taken across the inputs. The mean τ̄ is judged against a null (:mod:`lens_bias
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, Mapping
 
@@ -33,7 +34,7 @@ from lens_bias.seedprint.nulls import NULLS, AnalyticNull, Case, Null
 from lens_bias.seedprint.statistic import MODES, tau_statistic
 from lens_bias.seedprint.tables import TableAgreement
 
-__all__ = ["SeedPrintResult", "LineageSettings", "lineage_test", "caveats", "ALPHA", "STRONG", "COMPARE"]
+__all__ = ["SeedPrintResult", "LineageSettings", "lineage_test", "caveats", "ALPHA", "STRONG", "COMPARE", "PUBLISHED"]
 
 # The papers' significance level for "same lineage", and the bar a known descendant must clear (LeaFBench-style
 # "overwhelmingly related", as the papers report related pairs at p ≲ 1e-10).
@@ -116,10 +117,13 @@ class SeedPrintResult:
 
 @dataclass(frozen=True)
 class LineageSettings:
-    """How two fingerprints are tested: the identity dimensions, the statistic, the null and the level.
+    """How two models are tested: the identity dimensions, the statistic, the null, the level and the alignment.
 
-    >>> LineageSettings(align="orthogonal").fit_fraction
-    0.5
+    Its default is :func:`compare`'s test (``align="auto"``); :func:`lineage_test`, which reads features only, runs
+    :data:`PUBLISHED` when given no settings.
+
+    >>> LineageSettings().align, LineageSettings(align="orthogonal").fit_fraction
+    ('auto', 0.5)
     """
 
     m: int | None = None  # identity dimensions per model (None: ⌊ratio_k · D⌋; at small D use about D/2)
@@ -129,9 +133,10 @@ class LineageSettings:
     # what τ̄ is judged against (None: the analytic null; pairwise_lineage with an alignment: a seeds null aligned alike)
     null: Null | None = None
     alpha: float = ALPHA  # significance level of the verdict: the papers'
-    # None: the published test; else the map fitted on the activations before it (lens_bias.seedprint.align); "auto"
-    # (compare only): the token and basis maps read from the two models' tokenizers and weights (correspondence)
-    align: AlignMode | Literal["auto"] = None
+    # "auto": the token and basis maps read from the two models' tokenizers and weights (correspondence), then the
+    # published test: what compare runs; None: the published test as it is (all that features alone allow, without
+    # a fit); else the map fitted on the activations before it (lens_bias.seedprint.align)
+    align: AlignMode | Literal["auto"] = "auto"
     fit_fraction: float = FIT_FRACTION  # share of the inputs (the first rows) an alignment is fitted on
 
     def to_dict(self) -> dict[str, Any]:
@@ -175,10 +180,14 @@ def caveats(result: "SeedPrintResult", both_trained: bool) -> str | None:
     return "; ".join(found) or None
 
 
-COMPARE = LineageSettings(align="auto")
-""":func:`compare`'s test when none is given: the token and basis maps read from the weights, then the published test
-(exactly it, to the same p, where nothing was renamed or rotated); between two trained models the verdict also asks
-their embedding tables to agree beyond chance (:mod:`~lens_bias.seedprint.tables`)."""
+COMPARE = LineageSettings()
+""":func:`compare`'s test when none is given (``LineageSettings()``, ``align="auto"``): the token and basis maps read
+from the weights, then the published test (exactly it, to the same p, where nothing was renamed or rotated); between
+two trained models the verdict also asks their embedding tables to agree beyond chance
+(:mod:`~lens_bias.seedprint.tables`)."""
+
+PUBLISHED = LineageSettings(align=None)
+""":func:`lineage_test`'s test when none is given: the published test, on the features as they are."""
 
 
 def lineage_test(a: FeaturesLike, b: FeaturesLike, settings: LineageSettings | None = None, *, progress: bool = False, **overrides: Any) -> SeedPrintResult:
@@ -195,7 +204,8 @@ def lineage_test(a: FeaturesLike, b: FeaturesLike, settings: LineageSettings | N
     Args:
         a: the base model's :class:`~lens_bias.seedprint.Fingerprint`, or a float ``[N, D]`` array/tensor.
         b: the suspect's, on the same inputs in the same order.
-        settings: :class:`LineageSettings` (the papers' defaults).
+        settings: :class:`LineageSettings` (default :data:`PUBLISHED`, the papers' test). Its ``align="auto"``
+            (the settings' default, :func:`compare`'s test) needs the models: here it runs the published test, and warns.
         progress: progress bars while a seeds null fingerprints its fresh inits.
         **overrides: fields of :class:`LineageSettings` (``m=32``), which replace those of ``settings``.
 
@@ -203,7 +213,11 @@ def lineage_test(a: FeaturesLike, b: FeaturesLike, settings: LineageSettings | N
         A :class:`SeedPrintResult`; ``same_lineage`` is ``p < alpha``; ``null`` is the null's label and
         ``null_settings`` its ``to_dict()``.
     """
-    s = overridden(LineageSettings, settings, overrides, "lineage_test()")
+    s = overridden(LineageSettings, settings if settings is not None else PUBLISHED, overrides, "lineage_test()")
+    if s.align == "auto" and "align" not in overrides:  # the settings' default, not asked for here: said, then the published test
+        warnings.warn("lineage_test reads features only, and align='auto' (LineageSettings' default, compare's test) reads the two models' "
+                      "weights: running the published test (align=None); pass align=None to say so, or call compare(model_a, model_b)", stacklevel=2)
+        s = replace(s, align=None)
     null, full_a, full_b, fit_rows, m = _checked(s, a, b)
     align = s.align
     assert align != "auto"  # check_align (in _checked) refused it: its maps need the models
@@ -228,7 +242,7 @@ def lineage_test(a: FeaturesLike, b: FeaturesLike, settings: LineageSettings | N
         null=null.label, alpha=s.alpha, identity_dims=dims.tolist(), taus=core.taus.float(), means_a=fa[:, dims].mean(0), means_b=fb[:, dims].mean(0),
         null_settings=null.to_dict(), reason=reason, null_details=details, align=align, fit_rows=fit_rows,
     )
-    return replace(result, caveat=caveats(result, all(isinstance(x, Fingerprint) and x.model.get("regime") == "trained" for x in (a, b))))
+    return replace(result, caveat=caveats(result, all(isinstance(x, Fingerprint) and x.model.regime == "trained" for x in (a, b))))
 
 
 def _checked(s: LineageSettings, a: FeaturesLike, b: FeaturesLike) -> tuple[Null, Tensor, Tensor, int, int]:

@@ -80,7 +80,7 @@ class LineageRun:
         """Model i's vocabulary size: a fingerprint's record, or the card in the cache (so a cached model is not loaded)."""
         x, key = self.sources[i], self.keys[i]
         if isinstance(x, Fingerprint):
-            return int(x.inputs.get("vocab") or x.model["d_vocab"])
+            return int(x.inputs.vocab or x.model.d_vocab)
         card = self.store.folder / f"{key}.json" if self.store.folder is not None and key is not None else None
         if card is not None and card.exists():
             return int(json.loads(card.read_text())["d_vocab"])
@@ -184,7 +184,7 @@ def renamed_prints(run: LineageRun, prints: Sequence[Fingerprint], sketches: Seq
             fp = run.store.load(key, renamed_spec) if key is not None else None
             if fp is None:
                 logger.info("%s reads %s's tokens under its renamed vocabulary", run.names[j], run.names[i])
-                fp = replace(fingerprint(run.load(j), FingerprintSettings(inputs=ids), progress=False), inputs={**prints[i].inputs, "renamed": True})
+                fp = replace(fingerprint(run.load(j), FingerprintSettings(inputs=ids), progress=False), inputs=replace(prints[i].inputs, renamed=True))
                 if key is not None:
                     run.store.save(key, renamed_spec, fp)
             made[(j, digest)] = fp
@@ -200,7 +200,7 @@ def aligned_null(run: LineageRun, i: int, base: Fingerprint, n_null: int) -> Nul
     prints = [fp for fp in cached if fp is not None]
     if len(prints) < n_null:
         prints = []
-        same = FingerprintSettings(n=base.n, seq_len=base.inputs["seq_len"], seed=base.inputs["seed"], vocab=base.inputs["vocab"])
+        same = base.inputs.settings()
         for s, fresh in zip(seeds, random_inits(run.model(i), seeds)):
             fp = fingerprint(fresh, same, progress=False)
             if key is not None:

@@ -182,14 +182,14 @@ class AnalyticNull(Null):
     def check(self, a: FeaturesLike, n: int) -> None:
         if not isinstance(a, Fingerprint):
             return
-        kind, layers = a.inputs.get("kind"), a.model.get("n_layers", 0)
+        kind, layers = a.inputs.kind, a.model.n_layers
         if kind == "embeddings" and layers <= _SHALLOW_LAYERS:
             warnings.warn(
                 f"the analytic null is unsafe for embedding inputs on a {layers}-layer model: the shared residual path "
                 "makes unrelated seeds look related. Use null=SeedsNull() (or check with lens_bias.seedprint.calibrate)",
                 stacklevel=3,
             )
-        vocab = a.inputs.get("vocab")
+        vocab = a.inputs.vocab
         if kind == "tokens" and vocab and n > vocab / 4:
             warnings.warn(
                 f"the analytic null is unsafe with N={n} token inputs over a vocabulary of {vocab} (N > V/4): repeated "
@@ -384,6 +384,6 @@ def seed_null_fingerprints(
     seeds = [s for s in range(first_seed, first_seed + n_null + len(avoid)) if s not in avoid][:n_null]
     prints = []
     for seed in tqdm(seeds, desc="seeds null", disable=not progress):
-        prints.append(fingerprint(factory(seed), inputs=data, progress=False))
-        prints[-1].inputs.update({k: v for k, v in base.inputs.items() if k != "digest"})
+        made = fingerprint(factory(seed), inputs=data, progress=False)
+        prints.append(replace(made, inputs=replace(base.inputs, digest=made.inputs.digest)))  # the base's record: the same inputs
     return prints

@@ -29,7 +29,7 @@ are those the maps ask for, and says so where none are.
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence, Union
 
@@ -41,7 +41,7 @@ from lens_bias.core.errors import LensBiasError
 from lens_bias.core.files import atomic_save, load_torch_file
 from lens_bias.seedprint.comparison import FingerprintsOn, Maps, auto_pair
 from lens_bias.seedprint.correspondence import Embedding
-from lens_bias.seedprint.fingerprints import Fingerprint, FingerprintSettings, regenerate_inputs
+from lens_bias.seedprint.fingerprints import Fingerprint, regenerate_inputs
 from lens_bias.seedprint.lineage import LineageSettings, SeedPrintResult
 
 __all__ = ["Reading", "ReadingFiles", "saved_auto_test", "drawn_tokens", "MIN_SHARE"]
@@ -87,7 +87,7 @@ class Reading:
     @property
     def drawn(self) -> Int[Tensor, "n seq"] | None:
         """The token IDs its fingerprints' record draws (that of the first with a seed), or None."""
-        return next((drawn_tokens(fp) for _, fp in self.prints if fp.inputs.get("kind") == "tokens" and fp.inputs.get("seed") is not None), None)
+        return next((drawn_tokens(fp) for _, fp in self.prints if fp.inputs.kind == "tokens" and fp.inputs.seed is not None), None)
 
     @property
     def reads_drawn(self) -> bool:
@@ -97,7 +97,7 @@ class Reading:
 
     def save(self, path: Union[str, Path]) -> None:
         """Write to ``path`` (tensors and plain values only), atomically."""
-        prints = [(tokens, {"format": Fingerprint.FORMAT, **asdict(fp)}) for tokens, fp in self.prints]
+        prints = [(tokens, fp.saved()) for tokens, fp in self.prints]
         atomic_save({"format": FORMAT, "table": self.embedding.table, "words": self.embedding.words, "rows": self.rows, "prints": prints}, path)
 
     @classmethod
@@ -106,7 +106,7 @@ class Reading:
         data = load_torch_file(path, "reading", "write one with lens-bias descendants --out or Reading.save")
         if data.get("format") != FORMAT:
             raise LensBiasError(f"{path} is not a lens_bias reading ({FORMAT}); write one with lens-bias descendants --out or Reading.save")
-        prints = tuple((tokens, Fingerprint(**{k: v for k, v in fp.items() if k != "format"})) for tokens, fp in data["prints"])
+        prints = tuple((tokens, Fingerprint.from_saved({k: v for k, v in fp.items() if k != "format"})) for tokens, fp in data["prints"])
         return cls(Embedding(data["table"], data["words"]), prints, data["rows"])
 
 
@@ -175,8 +175,7 @@ def saved_auto_test(a: Reading, b: Reading, test: LineageSettings, *, both_train
         drawn = base.drawn
         if drawn is None:
             raise LensBiasError("saved_auto_test needs each reading to hold a fingerprint made on drawn token inputs (inputs='tokens'), whose record says what compare draws")
-        record = next(fp.inputs for _, fp in base.prints if fp.inputs.get("seed") is not None)
-        settings = FingerprintSettings(n=record["n"], seq_len=record["seq_len"], seed=record["seed"], vocab=record["vocab"])
+        settings = next(fp.inputs for _, fp in base.prints if fp.inputs.kind == "tokens" and fp.inputs.seed is not None).settings()
         result = auto_pair(Maps.read(base.embedding, suspect.embedding), settings, _saved_on(base, suspect, drawn), test, both_trained)
         if result is not None:
             return result, a_first
@@ -208,9 +207,9 @@ left out; the test is the published test on the rest, chosen by the tokens alone
 def _on_inputs(fp_a: Fingerprint, fp_b: Fingerprint, kept: Bool[Tensor, "n"]) -> tuple[Fingerprint, Fingerprint]:
     """The two fingerprints on the inputs ``kept``, under one input record (the readings' rows showed that they read
     the same inputs; their own records differ where one was made on a tensor of IDs, the other on drawn ones)."""
-    record = {**fp_a.inputs, "n": int(kept.sum())} if not bool(kept.all()) else fp_a.inputs
+    record = fp_a.inputs
     if not bool(kept.all()):
-        record["digest"] = f"{fp_a.inputs.get('digest')}[{int(kept.sum())} of {len(kept)} inputs]"
+        record = replace(record, n=int(kept.sum()), digest=f"{record.digest}[{int(kept.sum())} of {len(kept)} inputs]")
 
     def rows(fp: Fingerprint) -> Fingerprint:
         return replace(fp, features=fp.features[kept], normalized=None if fp.normalized is None else fp.normalized[kept], inputs=record)

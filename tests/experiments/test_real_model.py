@@ -306,7 +306,7 @@ def test_cli_fingerprint_a_hugging_face_folder(tmp_path, smollm2_hf, capsys):
     out = tmp_path / "fp.pt"
     assert main(["fingerprint", str(tmp_path / "model"), "-o", str(out), "--sequences", "8", "--seq-len", "16", "--no-progress"]) == 0
     fp = lens_bias.Fingerprint.load(out)
-    assert fp.features.shape == (8, 32) and fp.model["n_layers"] == 2 and "-> " in capsys.readouterr().out
+    assert fp.features.shape == (8, 32) and fp.model.n_layers == 2 and "-> " in capsys.readouterr().out
 
 
 @requires_chromium

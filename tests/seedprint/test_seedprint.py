@@ -2,6 +2,7 @@
 
 import copy
 import math
+from dataclasses import asdict, replace
 
 import numpy as np
 import pytest
@@ -169,7 +170,8 @@ def test_nan_features_are_refused():
     with pytest.raises(LensBiasError, match="NaN/inf features"):
         sp.lineage_test(dirty, fb, m=20)  # a bare tensor with NaN is refused (fingerprint() never makes one: collect names the hook)
     with pytest.raises(LensBiasError, match="NaN/inf features"):
-        sp.lineage_test(sp.Fingerprint(features=dirty, inputs={}, model={}), fb, m=20)  # nor a hand-built fingerprint
+        made = sp.fingerprint(lens_bias.random_init("gpt2", seed=0, **SMALL), n=4, seq_len=8, progress=False)
+        sp.lineage_test(replace(made, features=dirty), fb, m=20)  # nor a fingerprint whose features were replaced
 
 
 def test_nulls_are_named_objects_recorded_in_the_result():
@@ -220,7 +222,7 @@ def test_fingerprint_reads_what_the_model_unembeds_and_the_norm_before_its_gain(
     # beside them, the final norm before its gain, which the aligned tests compare
     assert torch.allclose(fp.normalized, cache["ln_final.hook_normalized"][:, -1], atol=1e-6)
     assert not torch.allclose(fp.features, fp.normalized, atol=1e-2)
-    assert fp.inputs["vocab"] == 1000 and fp.spec["seed"] == 3 and fp.model["d_model"] == 64
+    assert fp.inputs.vocab == 1000 and fp.spec["seed"] == 3 and fp.model.d_model == 64
     path = tmp_path / "fp.pt"
     fp.save(path)
     back = sp.Fingerprint.load(path)
@@ -229,9 +231,23 @@ def test_fingerprint_reads_what_the_model_unembeds_and_the_norm_before_its_gain(
 
 def test_a_fingerprint_file_of_the_earlier_format_is_refused_in_one_line(tmp_path):
     fp = sp.fingerprint(lens_bias.random_init("llama", seed=3, **SMALL), n=4, seq_len=8, progress=False)
-    torch.save({"format": "lens_bias.Fingerprint/1", "features": fp.features, "inputs": fp.inputs, "model": fp.model}, tmp_path / "old.pt")
+    torch.save({"format": "lens_bias.Fingerprint/1", "features": fp.features, "inputs": asdict(fp.inputs), "model": fp.model.to_dict()}, tmp_path / "old.pt")
     with pytest.raises(LensBiasError, match="earlier lens_bias, whose features were read before the final norm's gain; fingerprint the model again"):
         sp.Fingerprint.load(tmp_path / "old.pt")
+
+
+def test_a_fingerprint_file_with_untyped_records_loads_typed(tmp_path):
+    """Files of this format hold the input record and the model facts as dicts, the empty fields left out where an
+    earlier lens_bias wrote them: they load to the same typed fingerprint."""
+    fp = sp.fingerprint(lens_bias.random_init("llama", seed=3, **SMALL), n=4, seq_len=8, progress=False)
+    record = {key: value for key, value in asdict(fp.inputs).items() if value is not None and key != "renamed"}
+    torch.save({**fp.saved(), "inputs": record}, tmp_path / "fp.pt")
+    back = sp.Fingerprint.load(tmp_path / "fp.pt")
+    assert back.inputs == fp.inputs and back.model == fp.model and torch.equal(back.features, fp.features)
+    assert back.inputs.settings().vocab == 2000 and torch.equal(sp.regenerate_inputs(back)[0:4], sp.regenerate_inputs(fp)[0:4])
+    torch.save({**fp.saved(), "inputs": {**record, "colour": "red"}}, tmp_path / "odd.pt")
+    with pytest.raises(LensBiasError, match="record this lens_bias cannot read.*unknown field"):
+        sp.Fingerprint.load(tmp_path / "odd.pt")
 
 
 def test_embedding_inputs_are_the_init_std_gaussian_for_every_model():
@@ -241,7 +257,7 @@ def test_embedding_inputs_are_the_init_std_gaussian_for_every_model():
     std = model.lens_bias_spec.init_std
     same = sp.fingerprint(model, inputs=lens_bias.RandomEmbeddings(6, 8, 64, mean=0.0, std=std, seed=42), progress=False)
     assert torch.equal(fp.features, same.features)
-    assert fp.inputs == {**same.inputs, "seed": 42, "mean": 0.0, "std": std}
+    assert fp.inputs == replace(same.inputs, seed=42, mean=0.0, std=std)
     with torch.no_grad():
         model.W_E.mul_(3.0)  # as training moves W_E: the fingerprint's inputs stay, analyze's follow it
     assert sp.fingerprint(model, inputs="embeddings", n=6, seq_len=8, progress=False).inputs == fp.inputs
@@ -264,7 +280,7 @@ def test_fingerprint_leaves_the_model_alone_and_copies_for_another_dtype():
     model = lens_bias.random_init("gpt2", **SMALL)
     state = {k: v.clone() for k, v in model.state_dict().items()}
     fp = sp.fingerprint(model, n=6, seq_len=8, dtype=torch.bfloat16, progress=False)
-    assert fp.model["dtype"] == "bfloat16" and next(model.parameters()).dtype == torch.float32
+    assert fp.model.dtype == "bfloat16" and next(model.parameters()).dtype == torch.float32
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())
     full = sp.fingerprint(model, n=6, seq_len=8, progress=False)
     assert torch.allclose(fp.features, full.features, atol=0.1)  # bf16 rounding only

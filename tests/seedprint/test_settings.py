@@ -21,11 +21,18 @@ def test_settings_objects_and_keywords_give_the_same_test():
     by_object = sp.compare(base, a, sp.FingerprintSettings(n=64, seq_len=8), sp.LineageSettings(m=16), progress=False)
     by_keyword = sp.compare(base, a, n=64, seq_len=8, m=16, progress=False)
     assert by_object.p == by_keyword.p and by_object.tau_bar == by_keyword.tau_bar and by_object.same_lineage  # a model is its own descendant
+    assert by_object.basis_map == by_keyword.basis_map == "identity"  # LineageSettings() is compare's default test (auto): an object keeps it
     unrelated = sp.compare(base, b, sp.FingerprintSettings(n=64, seq_len=8), m=16, progress=False)  # an object and an override together
     assert unrelated.m == 16 and unrelated.tau_bar < by_object.tau_bar
     fp = sp.fingerprint(a, sp.FingerprintSettings(n=64, seq_len=8), progress=False)
     assert torch.equal(fp.features, sp.fingerprint(a, n=64, seq_len=8, progress=False).features)
-    assert sp.lineage_test(fp, fp, sp.LineageSettings(m=16)).p == sp.lineage_test(fp, fp, m=16).p
+    published = sp.lineage_test(fp, fp, m=16)  # with no settings: the published test, which features allow
+    assert published.align is None and sp.lineage_test(fp, fp, sp.PUBLISHED, m=16).p == published.p
+    with pytest.warns(UserWarning, match=r"reads features only.*running the published test \(align=None\)"):
+        defaulted = sp.lineage_test(fp, fp, sp.LineageSettings(m=16))  # the settings' "auto" needs the models: said, not dropped silently
+    assert defaulted.p == published.p and defaulted.align is None
+    with pytest.raises(lens_bias.LensBiasError, match="align='auto' reads the two models' tokenizers and weights"):
+        sp.lineage_test(fp, fp, m=16, align="auto")  # asked for by name: refused
 
 
 def test_a_keyword_no_settings_class_has_is_refused_with_their_fields():
