@@ -133,9 +133,8 @@ class Fingerprint:
         names = {f for f in cls.__dataclass_fields__}
         features = data.get("features")
         damaged = LensBiasError(f"{path} is a damaged lens_bias fingerprint (fields {sorted(data)}); {fix}")
-        if not names >= set(data) or not isinstance(features, Tensor) or features.ndim != 2 or not features.is_floating_point():
-            raise damaged
-        if not all(isinstance(data.get(record), Mapping) for record in ("inputs", "model")):
+        if not names >= set(data) or not isinstance(features, Tensor) or features.ndim != 2 or not features.is_floating_point() \
+                or not all(isinstance(data.get(record), Mapping) for record in ("inputs", "model")):
             raise damaged
         if not torch.isfinite(features).all() or (isinstance(data.get("normalized"), Tensor) and not torch.isfinite(data["normalized"]).all()):
             raise LensBiasError(f"{path} holds NaN/inf features: the fingerprinted model overflowed or is broken; {fix} in float32 or bfloat16")
