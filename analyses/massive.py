@@ -39,6 +39,7 @@ from lens_bias.core.errors import LensBiasError
 from lens_bias.core.figures import layer_axis, new_figure
 from lens_bias.core.inputs import InputSpec
 from lens_bias.core.probes import Probe
+from lens_bias.core.token_inputs import takes_token_inputs
 from lens_bias.hooks.activations import SetActivations
 from lens_bias.hooks.base import Compose
 
@@ -258,10 +259,11 @@ class MassiveActivations(Analysis[MassiveActivationsResult]):
         return result
 
 
+@takes_token_inputs
 @one_adapter_per_call
 def massive_activations(
     model: Any,
-    tokens: Int[Tensor, "n seq"],
+    inputs: Int[Tensor, "n seq"],
     *,
     top: int = 3,
     massive_abs: float = 100.0,
@@ -269,7 +271,7 @@ def massive_activations(
     batch_size: int | None = None,
     progress: bool = True,
 ) -> MassiveActivationsResult:
-    """Top-``top`` |h| and median |h| of every block's output (Sun et al.), from one batched pass over ``tokens``.
+    """Top-``top`` |h| and median |h| of every block's output (Sun et al.), from one batched pass over ``inputs``.
 
     >>> import lens_bias
     >>> m = lens_bias.random_init("llama", d_model=64, n_layers=2, n_heads=4, d_vocab=97, n_ctx=32, seed=0)
@@ -281,7 +283,7 @@ def massive_activations(
 
     Args:
         model: any TransformerLens model; never modified.
-        tokens: token IDs ``[n, seq]`` (real text: :func:`lens_bias.core.inputs.text_tokens`).
+        inputs: token IDs ``[n, seq]`` (real text: :func:`lens_bias.core.inputs.text_tokens`).
         top: entries kept per sequence and layer (Sun et al. plot the top 3).
         massive_abs: the absolute threshold of the rule.
         massive_ratio: the threshold relative to the layer's median |h|.
@@ -292,17 +294,18 @@ def massive_activations(
         A :class:`MassiveActivationsResult`.
     """
     analysis = MassiveActivations(top=top, massive_abs=massive_abs, massive_ratio=massive_ratio)
-    width = tokens.shape[1] * ModelAdapter.of(model).info.d_model
+    width = inputs.shape[1] * ModelAdapter.of(model).info.d_model
     if top > width:
         raise LensBiasError(f"top={top} exceeds the {width} values of one sequence's hidden state; pass top <= {width}")
-    return measure(model, tokens, [analysis], batch_size=batch_size, progress=progress).of(MassiveActivations)
+    return measure(model, inputs, [analysis], batch_size=batch_size, progress=progress).of(MassiveActivations)
 
 
+@takes_token_inputs
 @one_adapter_per_call
 def massive_ablation(
     model: Any,
-    tokens: Int[Tensor, "n seq"],
-    eval_tokens: Int[Tensor, "m seq2"],
+    inputs: Int[Tensor, "n seq"],
+    eval_inputs: Int[Tensor, "m seq2"],
     *,
     layer: int | None = None,
     dims: Sequence[int] | None = None,
@@ -310,17 +313,17 @@ def massive_ablation(
     batch_size: int | None = None,
     progress: bool = True,
 ) -> PerplexityTable:
-    """Perplexity of ``eval_tokens`` unedited, with the massive activations set to zero, and set to their mean.
+    """Perplexity of ``eval_inputs`` unedited, with the massive activations set to zero, and set to their mean.
 
     The edit is :class:`lens_bias.hooks.activations.SetActivations` at ``blocks.{layer}.hook_resid_post``, at ``positions``
     (default the first token, where Sun et al. and SmolLM2 have them) in ``dims``. Without ``layer`` / ``dims``
-    they come from :func:`massive_activations` on ``tokens``: the onset layer and its massive dims at those
-    positions. The mean is over ``tokens`` (the same positions and dims), so it is not fitted to ``eval_tokens``.
+    they come from :func:`massive_activations` on ``inputs``: the onset layer and its massive dims at those
+    positions. The mean is over ``inputs`` (the same positions and dims), so it is not fitted to ``eval_inputs``.
 
     Args:
         model: any TransformerLens model; never modified.
-        tokens: token IDs ``[n, seq]`` for finding the activations and their mean (e.g. 100 sequences).
-        eval_tokens: held-out token IDs ``[m, seq2]`` whose perplexity is measured (disjoint from ``tokens``).
+        inputs: token IDs ``[n, seq]`` for finding the activations and their mean (e.g. 100 sequences).
+        eval_inputs: held-out token IDs ``[m, seq2]`` whose perplexity is measured (disjoint from ``inputs``).
         layer: the block whose output is edited (default: the onset layer).
         dims: the residual dimensions to edit (default: the massive ones at ``layer`` and ``positions``).
         positions: the token positions to edit.
@@ -333,11 +336,11 @@ def massive_ablation(
     positions = tuple(positions)
     if not positions or not all(isinstance(p, int) and not isinstance(p, bool) and p >= 0 for p in positions):
         raise LensBiasError(f"positions must be non-negative ints (0 = first token), got {positions!r}")
-    too_far = [p for p in positions if p >= min(tokens.shape[1], eval_tokens.shape[1])]
+    too_far = [p for p in positions if p >= min(inputs.shape[1], eval_inputs.shape[1])]
     if too_far:
-        raise LensBiasError(f"positions {too_far} lie outside the sequences ({tokens.shape[1]} and {eval_tokens.shape[1]} tokens)")
+        raise LensBiasError(f"positions {too_far} lie outside the sequences ({inputs.shape[1]} and {eval_inputs.shape[1]} tokens)")
     if layer is None or dims is None:
-        found = massive_activations(model, tokens, batch_size=batch_size, progress=progress)
+        found = massive_activations(model, inputs, batch_size=batch_size, progress=progress)
         if layer is None:
             layer = found.onset_layer()
             if layer is None:
@@ -355,17 +358,17 @@ def massive_ablation(
     zero = SetActivations(layer=layer, dims=dims, positions=positions, values=(0.0,))  # validates before a pass
     hook = f"blocks.{layer}.hook_resid_post"
     probe = Probe(hook, f"at{list(positions)}x{list(dims)}", lambda x: x[:, list(positions)][:, :, list(dims)])
-    mean = ModelAdapter.of(model).collect(tokens, [probe], batch_size=batch_size, progress=progress, desc="massive mean")[probe.key].mean(dim=0)
+    mean = ModelAdapter.of(model).collect(inputs, [probe], batch_size=batch_size, progress=progress, desc="massive mean")[probe.key].mean(dim=0)
     at_mean = Compose(tuple(SetActivations(layer=layer, dims=dims, positions=(p,), values=tuple(mean[i].tolist())) for i, p in enumerate(positions)))
     where = f"h[:, {list(positions)}, {list(dims)}] at {hook}"
     logger.info("massive ablation at layer %d, positions %s, dims %s; mean %s", layer, positions, dims, mean.tolist())
     return perplexity_table(
         model,
-        eval_tokens,
+        eval_inputs,
         [
             ("baseline", "unedited", ()),
             ("zero", f"{where} = 0", (zero,)),
-            ("mean", f"{where} = mean over {tokens.shape[0]} sequences ({', '.join(f'{v:.4g}' for v in mean.flatten().tolist())})", (at_mean,)),
+            ("mean", f"{where} = mean over {inputs.shape[0]} sequences ({', '.join(f'{v:.4g}' for v in mean.flatten().tolist())})", (at_mean,)),
         ],
         title=f"massive activations set to zero or to their mean (layer {layer})",
         batch_size=batch_size,

@@ -31,6 +31,7 @@ from lens_bias.analyses.base import Result
 from lens_bias.core.adapter import ModelAdapter, one_adapter_per_call
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.probes import Probe
+from lens_bias.core.token_inputs import takes_token_inputs
 
 __all__ = ["massive_writes", "MassiveWrites"]
 
@@ -92,26 +93,28 @@ def _at(position: int, absolute: bool) -> Any:
     return lambda x: (x[:, position].abs() if absolute else x[:, position]).double().sum(dim=0)
 
 
+@takes_token_inputs
 @one_adapter_per_call
-def massive_writes(model: Any, tokens: Int[Tensor, "n seq"], *, dim: int | None = None, position: int = 0) -> MassiveWrites:
-    """The writes into residual dimension ``dim`` at ``position``, averaged over ``tokens``' sequences.
+def massive_writes(model: Any, inputs: Int[Tensor, "n seq"], *, dim: int | None = None, position: int = 0, batch_size: int | None = None,
+                   progress: bool = True) -> MassiveWrites:
+    """The writes into residual dimension ``dim`` at ``position``, averaged over ``inputs``' sequences.
 
     Args:
         model: a TransformerLens model (not modified).
-        tokens: token IDs ``[n, seq]``.
+        inputs: token IDs ``[n, seq]``.
         dim: the residual dimension (default: the one whose mean |h| at ``position`` peaks highest over the block
             outputs).
         position: the token position (0: the first token, where massive activations live).
+        batch_size: as in :meth:`lens_bias.core.adapter.ModelAdapter.collect`.
+        progress: as in :meth:`lens_bias.core.adapter.ModelAdapter.collect`.
 
     Returns:
         A :class:`MassiveWrites`.
     """
     adapter = ModelAdapter.of(model)
     info = adapter.info
-    if not isinstance(tokens, Tensor) or tokens.ndim != 2 or tokens.dtype.is_floating_point:
-        raise LensBiasError("massive_writes needs token IDs: an integer tensor [n, seq] (e.g. lens_bias.core.inputs.text_tokens)")
-    if not 0 <= position < tokens.shape[1]:
-        raise LensBiasError(f"position {position} is outside sequences of {tokens.shape[1]} tokens")
+    if not 0 <= position < inputs.shape[1]:
+        raise LensBiasError(f"position {position} is outside sequences of {inputs.shape[1]} tokens")
     if dim is not None and not 0 <= dim < info.d_model:
         raise LensBiasError(f"dim {dim} is outside the residual stream's {info.d_model} dimensions")
     last = f"blocks.{info.n_layers - 1}.hook_resid_post"
@@ -123,15 +126,15 @@ def massive_writes(model: Any, tokens: Int[Tensor, "n seq"], *, dim: int | None 
     outputs = [f"blocks.{l}.hook_resid_post" for l in range(info.n_layers)] if dim is None else []
     probes = [Probe(h, f"at_{position}", _at(position, False), combine="sum") for h in hooks]
     peaks = [Probe(h, f"abs_at_{position}", _at(position, True), combine="sum") for h in outputs]
-    kept = adapter.collect(tokens, probes + peaks)
+    kept = adapter.collect(inputs, probes + peaks, batch_size=batch_size, progress=progress, desc="massive writes")
     if dim is None:  # the dimension whose mean |h| at the position peaks highest over the block outputs
         dim = int(torch.stack([kept[p.key] for p in peaks]).amax(dim=0).argmax())
-    mean = {p.hook: float(kept[p.key][dim]) / tokens.shape[0] for p in probes}
+    mean = {p.hook: float(kept[p.key][dim]) / inputs.shape[0] for p in probes}
     names = {name for name, _ in model.named_modules()}
     post_norm = any(n.endswith(("ln2_post", "post_feedforward_layernorm")) for n in names)
     return MassiveWrites(
         dim=dim, position=position, embed=mean["blocks.0.hook_resid_pre"],
         attn=[mean[f"blocks.{l}.hook_attn_out"] for l in range(info.n_layers)],
         mlp=[mean[f"blocks.{l}.hook_mlp_out"] for l in range(info.n_layers)],
-        residual=mean[last], post_norm=post_norm, n=int(tokens.shape[0]),
+        residual=mean[last], post_norm=post_norm, n=int(inputs.shape[0]),
     )

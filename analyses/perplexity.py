@@ -25,6 +25,7 @@ from lens_bias.analyses.base import Result
 from lens_bias.core.adapter import ModelAdapter, one_adapter_per_call
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.probes import on_device
+from lens_bias.core.token_inputs import takes_token_inputs
 from lens_bias.hooks.base import InterventionLike, fix_for_inputs, intervene
 
 __all__ = ["perplexity", "PerplexityTable", "perplexity_table"]
@@ -36,8 +37,6 @@ _LOGIT_FLOATS_PER_BATCH = 2**26
 
 
 def _check_tokens(adapter: ModelAdapter, tokens: Any) -> None:
-    if not isinstance(tokens, Tensor) or tokens.ndim != 2 or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
-        raise LensBiasError("perplexity needs token IDs: an integer tensor [n, seq] (e.g. lens_bias.core.inputs.text_tokens)")
     if tokens.shape[0] < 1 or tokens.shape[1] < 2:
         raise LensBiasError(f"perplexity needs at least 1 sequence of at least 2 tokens, got {tuple(tokens.shape)}")
     if int(tokens.min()) < 0 or int(tokens.max()) >= adapter.info.d_vocab:
@@ -45,16 +44,17 @@ def _check_tokens(adapter: ModelAdapter, tokens: Any) -> None:
     adapter.check_inputs(tokens)
 
 
+@takes_token_inputs
 @one_adapter_per_call
 def perplexity(
     model: Any,
-    tokens: Int[Tensor, "n seq"],
+    inputs: Int[Tensor, "n seq"],
     *,
     interventions: Sequence[InterventionLike] = (),
     batch_size: int | None = None,
     progress: bool = True,
 ) -> float:
-    """exp(mean next-token NLL) of ``tokens`` under ``model``, with ``interventions`` attached for the passes.
+    """exp(mean next-token NLL) of ``inputs`` under ``model``, with ``interventions`` attached for the passes.
 
     >>> import lens_bias
     >>> m = lens_bias.random_init("llama", d_model=64, n_layers=2, n_heads=4, d_vocab=97, n_ctx=32, seed=0)
@@ -64,7 +64,7 @@ def perplexity(
 
     Args:
         model: a TransformerLens model; never modified.
-        tokens: token IDs ``[n, seq]``, seq >= 2.
+        inputs: token IDs ``[n, seq]``, seq >= 2.
         interventions: lens_bias.hooks interventions (or lists of them), attached with ``intervene``.
         batch_size: sequences per forward pass (default: keeps the float32 logits of a batch within 256 MB).
         progress: a tqdm bar over batches.
@@ -73,13 +73,13 @@ def perplexity(
         The perplexity, a Python float.
     """
     adapter = ModelAdapter.of(model)
-    _check_tokens(adapter, tokens)
-    n, seq_len = tokens.shape
+    _check_tokens(adapter, inputs)
+    n, seq_len = inputs.shape
     if batch_size is None:
         batch_size = max(1, min(adapter.default_batch_size(seq_len), _LOGIT_FLOATS_PER_BATCH // (seq_len * adapter.info.d_vocab)))
     elif isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise LensBiasError(f"batch_size must be a positive int or None, got {batch_size!r}")
-    interventions = fix_for_inputs(model, interventions, tokens, batch_size)  # batch-free edits: the same at any batch size
+    interventions = fix_for_inputs(model, interventions, inputs, batch_size)  # batch-free edits: the same at any batch size
     total: Tensor | None = None  # the summed NLL where the logits are (float64; float32 on MPS, which has none), read once
     was_training = model.training
     if was_training:
@@ -87,7 +87,7 @@ def perplexity(
     try:
         with torch.inference_mode(), intervene(model, *interventions):
             for start in tqdm(range(0, n, batch_size), desc="perplexity", disable=not progress, unit="batch"):
-                batch = on_device(tokens[start : start + batch_size], adapter.device)
+                batch = on_device(inputs[start : start + batch_size], adapter.device)
                 logits = model(batch)[:, :-1].float()  # [batch, seq - 1, d_vocab]
                 loss = F.cross_entropy(logits.flatten(0, 1), on_device(batch[:, 1:].flatten(), logits.device), reduction="sum")
                 total = loss.to(torch.float32 if loss.device.type == "mps" else torch.float64) if total is None else total + loss

@@ -36,6 +36,7 @@ from lens_bias.core.errors import LensBiasError
 from lens_bias.core.figures import integer_ticks, new_figure
 from lens_bias.core.inputs import InputSpec, check_later_position
 from lens_bias.core.probes import Probe
+from lens_bias.core.token_inputs import takes_token_inputs
 from lens_bias.hooks.base import Intervention, edit_hooks, edit_records, fix_for_inputs, refusal
 
 __all__ = ["sink_attribution", "SinkAttributionResult", "VERDICTS"]
@@ -244,10 +245,11 @@ def _measured(
     }
 
 
+@takes_token_inputs
 @one_adapter_per_call
 def sink_attribution(
     model: Any,
-    tokens: Int[Tensor, "n seq"],
+    inputs: Int[Tensor, "n seq"],
     *,
     calibration: Int[Tensor, "m seq"] | None = None,
     conditions: Union[Mapping[str, Sequence[Intervention]], Sequence[Condition], None] = None,
@@ -260,7 +262,7 @@ def sink_attribution(
     batch_size: int | None = None,
     progress: bool = True,
 ) -> SinkAttributionResult:
-    """Measure the sink's causal chain on ``tokens``: one pass per condition, and its perplexity.
+    """Measure the sink's causal chain on ``inputs``: one pass per condition, and its perplexity.
 
     >>> import lens_bias
     >>> m = lens_bias.random_init("llama", d_model=64, n_layers=2, n_heads=4, d_vocab=97, n_ctx=16, seed=0)
@@ -270,9 +272,9 @@ def sink_attribution(
 
     Args:
         model: a TransformerLens model (the default conditions need MLPs exposing ``W_out``); never modified.
-        tokens: token IDs ``[n, seq]`` whose sink and perplexity are measured (real text: ``lens_bias.text_tokens``).
+        inputs: token IDs ``[n, seq]`` whose sink and perplexity are measured (real text: ``lens_bias.text_tokens``).
         calibration: token IDs for finding the anatomy and the means the default conditions set, disjoint from
-            ``tokens`` (default: the odd rows of ``tokens`` calibrate and the even rows are measured).
+            ``inputs`` (default: the odd rows of ``inputs`` calibrate and the even rows are measured).
         conditions: your own conditions, ``{name: [interventions]}`` or :class:`Condition` objects, instead of
             :func:`anatomy_conditions` (the unedited model is added first when missing).
         eps: Gu et al.'s threshold on α.
@@ -287,13 +289,11 @@ def sink_attribution(
     Returns:
         A :class:`SinkAttributionResult`; ``to_pandas()`` is the table, ``chain()`` the verdict per link.
     """
-    if tokens.ndim != 2 or tokens.dtype.is_floating_point:
-        raise LensBiasError("sink_attribution measures token IDs [n, seq] (e.g. lens_bias.text_tokens(model.tokenizer, 32, 64))")
     if calibration is None:
-        tokens, calibration = tokens[0::2], tokens[1::2]
-    if tokens.shape[0] < 2 or calibration.shape[0] < 1:
-        raise LensBiasError(f"sink_attribution needs at least 2 measured and 1 calibration sequence, got {tokens.shape[0]} and {calibration.shape[0]}")
-    check_later_position(position, tokens.shape[1])
+        inputs, calibration = inputs[0::2], inputs[1::2]
+    if inputs.shape[0] < 2 or calibration.shape[0] < 1:
+        raise LensBiasError(f"sink_attribution needs at least 2 measured and 1 calibration sequence, got {inputs.shape[0]} and {calibration.shape[0]}")
+    check_later_position(position, inputs.shape[1])
     chosen = condition_list(conditions) if conditions is not None else anatomy_conditions(
         model, calibration, n_candidates=n_candidates, n_random=n_random, position=position, factor=factor, seed=seed, batch_size=batch_size,
         progress=progress)
@@ -309,7 +309,7 @@ def sink_attribution(
     extra = _chain_probes(n_layers, dims)
     per_condition = []
     for condition in tqdm(chosen, desc="sink attribution", disable=not progress):
-        per_condition.append(_measured(model, adapter, sinks, extra, tokens, condition, position, batch_size))
+        per_condition.append(_measured(model, adapter, sinks, extra, inputs, condition, position, batch_size))
         logger.info("%s: Sink_0 %.1f%%, perplexity %.4g", condition.name, per_condition[-1]["per_sequence"].mean(), per_condition[-1]["perplexity"])
 
     def stack(key: str) -> Tensor:
@@ -319,7 +319,7 @@ def sink_attribution(
         conditions=[c.name for c in chosen], descriptions=[c.description for c in chosen], links=[c.link for c in chosen], interventions=records,
         sink_rate=stack("rate"), sink_rate_head=stack("rate_head"), sink_per_sequence=stack("per_sequence"), later_per_sequence=stack("later"),
         alpha0=stack("alpha0"), massive_value=stack("massive"), disparity=stack("disparity"), perplexity=[row["perplexity"] for row in per_condition],
-        massive_dims=dims, position=position, eps=eps, n=int(tokens.shape[0]), seq_len=int(tokens.shape[1]), skipped=skipped,
+        massive_dims=dims, position=position, eps=eps, n=int(inputs.shape[0]), seq_len=int(inputs.shape[1]), skipped=skipped,
         learned_share=stack("learned") if adapter.info.learned_sinks else None, key_mass=stack("key_mass"),
     )
 

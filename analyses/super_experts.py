@@ -30,6 +30,7 @@ from lens_bias.core.experts import expert_activations, moe_layer, moe_layers, ro
 from lens_bias.core.inputs import InputSpec
 from lens_bias.core.model_facts import ModelInfo
 from lens_bias.core.probes import Probe
+from lens_bias.core.token_inputs import takes_token_inputs
 from lens_bias.hooks.base import InterventionLike
 from lens_bias.hooks.weights import RemoveWeight
 
@@ -184,10 +185,11 @@ class SuperExperts(Analysis[SuperExpertsResult]):
         return result
 
 
+@takes_token_inputs
 @one_adapter_per_call
 def super_experts(
     model: Any,
-    tokens: Int[Tensor, "n seq"],
+    inputs: Int[Tensor, "n seq"],
     *,
     top: int = 5,
     position: int = 0,
@@ -207,7 +209,7 @@ def super_experts(
 
     Args:
         model: a TransformerLens 4 bridge of a Hugging Face mixture-of-experts model; never modified.
-        tokens: token IDs ``[n, seq]``.
+        inputs: token IDs ``[n, seq]``.
         top: candidates in :meth:`SuperExpertsResult.coordinates`.
         position: the position whose spikes are read (the first token by default).
         interventions: edits attached for the pass, e.g. removing the super weights found so far.
@@ -221,4 +223,4 @@ def super_experts(
     why = analysis.unavailable(ModelAdapter.of(model))
     if why is not None:
         raise LensBiasError(why)
-    return measure(model, tokens, [analysis], interventions=interventions, batch_size=batch_size, progress=progress).of(SuperExperts)
+    return measure(model, inputs, [analysis], interventions=interventions, batch_size=batch_size, progress=progress).of(SuperExperts)

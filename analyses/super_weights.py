@@ -35,6 +35,7 @@ from lens_bias.core.inputs import InputSpec
 from lens_bias.core.model_facts import ModelInfo
 from lens_bias.core.offload import read_weight
 from lens_bias.core.probes import Probe
+from lens_bias.core.token_inputs import takes_token_inputs
 from lens_bias.hooks.base import InterventionLike
 from lens_bias.hooks.weights import RemoveWeight, RemoveWeights
 
@@ -237,10 +238,11 @@ class SuperWeights(Analysis[SuperWeightsResult]):
         return result
 
 
+@takes_token_inputs
 @one_adapter_per_call
 def super_weights(
     model: Any,
-    tokens: Int[Tensor, "n seq"],
+    inputs: Int[Tensor, "n seq"],
     *,
     top: int = 5,
     position: int = 0,
@@ -258,7 +260,7 @@ def super_weights(
 
     Args:
         model: any TransformerLens model with MLPs exposing ``W_out``; never modified.
-        tokens: token IDs ``[n, seq]``: one prompt (Yu et al.) or several, read in one batched pass.
+        inputs: token IDs ``[n, seq]``: one prompt (Yu et al.) or several, read in one batched pass.
         top: candidates in the table.
         position: the position whose spikes are read (the first token by default).
         interventions: edits attached for the pass, e.g. removing the super weights found so far (Yu et al.
@@ -272,14 +274,15 @@ def super_weights(
     if ModelAdapter.of(model).info.attn_only:
         raise LensBiasError("super_weights reads MLP down-projections; this model is attention-only")
     analysis = SuperWeights(top=top, position=position)
-    return measure(model, tokens, [analysis], interventions=interventions, batch_size=batch_size, progress=progress).of(SuperWeights)
+    return measure(model, inputs, [analysis], interventions=interventions, batch_size=batch_size, progress=progress).of(SuperWeights)
 
 
+@takes_token_inputs
 @one_adapter_per_call
 def super_weight_table(
     model: Any,
-    tokens: Int[Tensor, "n seq"],
-    eval_tokens: Int[Tensor, "m seq2"],
+    inputs: Int[Tensor, "n seq"],
+    eval_inputs: Int[Tensor, "m seq2"],
     *,
     n_random: int = 100,
     seed: int = 0,
@@ -288,14 +291,14 @@ def super_weight_table(
 ) -> PerplexityTable:
     """Held-out perplexity with the top super-weight candidate removed, against two controls.
 
-    Conditions: baseline; the top candidate of :func:`super_weights` on ``tokens`` removed; the largest-|w| other
+    Conditions: baseline; the top candidate of :func:`super_weights` on ``inputs`` removed; the largest-|w| other
     weight of the same down-projection removed; ``n_random`` weights of that matrix (drawn without replacement,
     the candidate excluded, from a local generator seeded with ``seed``) removed together.
 
     Args:
         model: any TransformerLens model with MLPs exposing ``W_out``; never modified.
-        tokens: token IDs ``[n, seq]`` to find the candidate.
-        eval_tokens: held-out token IDs ``[m, seq2]`` whose perplexity is measured.
+        inputs: token IDs ``[n, seq]`` to find the candidate.
+        eval_inputs: held-out token IDs ``[m, seq2]`` whose perplexity is measured.
         n_random: how many random weights the last control removes.
         seed: seed of the random control.
         batch_size: as in :func:`lens_bias.analyses.perplexity.perplexity`.
@@ -306,7 +309,7 @@ def super_weight_table(
     """
     if isinstance(n_random, bool) or not isinstance(n_random, int) or n_random < 1:
         raise LensBiasError(f"n_random must be a positive int, got {n_random!r}")
-    found = super_weights(model, tokens, top=1, batch_size=batch_size, progress=progress)
+    found = super_weights(model, inputs, top=1, batch_size=batch_size, progress=progress)
     layer, row, col = found.coordinates()[0]
     w_out = _w_out(model, layer).float().cpu()  # [d_mlp, d_model]: flat index = col · d_model + row
     d_model = w_out.shape[1]
@@ -321,7 +324,7 @@ def super_weight_table(
     name = f"layers[{layer}].mlp.down_proj.weight"
     return perplexity_table(
         model,
-        eval_tokens,
+        eval_inputs,
         [
             ("baseline", "unedited", ()),
             ("super_weight", f"{name}[{row}, {col}] = {w_out[col, row].item():.4g} removed", (RemoveWeight(layer=layer, row=row, col=col),)),
