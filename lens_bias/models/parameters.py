@@ -13,9 +13,24 @@ __all__ = ["copy_model", "parameters", "hooked_tie"]
 
 
 def copy_model(model: Any) -> Any:
-    """A deep copy sharing the tokenizer (read-only here, and slower to copy than it is worth)."""
+    """A deep copy sharing the tokenizer (read-only here, and slower to copy than it is worth).
+
+    A TL 4 bridge wires capture hooks into its blocks on its first forward, closures over weak proxies of its own
+    modules; a deep copy would keep them pointing at the original (and fail once it is gone), so the copy's are
+    removed and it wires its own on its first forward."""
     tokenizer = getattr(model, "tokenizer", None)
-    return copy.deepcopy(model, {id(tokenizer): tokenizer} if tokenizer is not None else {})
+    clone = copy.deepcopy(model, {id(tokenizer): tokenizer} if tokenizer is not None else {})
+    for block in clone.modules() if isinstance(clone, torch.nn.Module) else ():
+        handles = getattr(block, "_capture_hook_handles", None)
+        if handles:
+            ids = {handle.id for handle in handles}
+            for module in block.modules():
+                for hooks in (module._forward_pre_hooks, module._forward_hooks):
+                    for hook_id in ids & set(hooks):
+                        del hooks[hook_id]
+            handles.clear()
+            setattr(block, "_capture_hooks_wired", False)
+    return clone
 
 
 def parameters(model: Any) -> dict[str, torch.nn.Parameter]:

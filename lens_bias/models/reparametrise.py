@@ -55,7 +55,7 @@ _UNTOUCHED = ("attn.q.bias", "attn.k.bias", "attn.v.bias", "attn.b_Q", "attn.b_K
 _POST_GAINS = ("ln1_post.weight", "ln2_post.weight")
 
 
-def _role(name: str) -> tuple[str, str | None]:
+def residual_role(name: str) -> tuple[str, str | None]:
     """What a parameter does with the residual stream: (role, norm whose gain it reads)."""
     leaf = name
     if name.startswith("blocks."):  # "blocks.3.attn._W_K" -> "attn.W_K" (TL 3 keeps grouped-query K/V as _W_K, _W_V)
@@ -97,11 +97,11 @@ def _change_basis(model: Any, basis: Tensor, *, fold: bool) -> Any:
     params = parameters(clone)
     hooked = "embed.W_E" in params
     tied = not hooked and "unembed.weight" not in params  # a bridge of a tied model shares embed.weight with the unembedding
-    gains = {n.rsplit(".", 1)[0]: p.detach().float().clone() for n, p in params.items() if _role(n)[0] == "gain"}
+    gains = {n.rsplit(".", 1)[0]: p.detach().float().clone() for n, p in params.items() if residual_role(n)[0] == "gain"}
     r = basis.float()
     new: dict[str, Tensor] = {}
     for name, p in params.items():
-        role, norm = _role(name)
+        role, norm = residual_role(name)
         w = p.detach().float()
         g = gains[_gain_name(name, norm)] if norm is not None and fold else None
         if role == "post_gain" and fold:

@@ -13,7 +13,8 @@ held-out rest, in the base's basis.
 | ``"orthogonal"`` | orthogonal Procrustes on the centred features | rotations of the residual stream, with the norm gains folded or not (the features are read before the final norm's gain); permutations too |
 | ``"linear"`` | least squares (a small ridge) on the centred features | any invertible linear change of basis, e.g. rotations followed by per-dimension scalings |
 
-No mode covers a different width, or distillation into a fresh init (a different initialisation by construction).
+No mode covers a different width (:func:`~lens_bias.seedprint.compare`'s default maps a pruned width through the
+embedding tables), or distillation into a fresh init (a different initialisation by construction).
 The more a mode can fit, the more it can also fit between unrelated models: judge aligned tests against a null
 that is aligned the same way (``SeedsNull``), and measure each mode's false-positive rate with
 :func:`lens_bias.seedprint.calibrate` (``align=``).
@@ -74,12 +75,14 @@ def map_matrix(mode: AlignMode, base: Float[Tensor, "n d"], suspect: Float[Tenso
     """The matrix ``M`` (float64) with ``suspect @ M ≈ base``, fitted on these rows: a one-hot matching of dimensions
     ("permutation"), orthogonal Procrustes on the centred rows ("orthogonal") or least squares with a small ridge
     ("linear"). What :func:`fit` applies to features, and what the weight-fitted maps of
-    :mod:`~lens_bias.seedprint.correspondence` apply to embedding tables.
+    :mod:`~lens_bias.seedprint.correspondence` apply to embedding tables. Of two widths (``[n, d_a]`` and ``[n, d_b]``),
+    "permutation" matches the narrower side's dimensions to as many of the wider's (a pruned width's partial map).
     """
     check_align(mode)
     if mode is None:
         raise LensBiasError("fit needs a map to fit: 'permutation', 'orthogonal' or 'linear' (None is the published test, which fits none)")
-    if base.shape != suspect.shape or base.ndim != 2:
+    partial = mode == "permutation" and base.ndim == suspect.ndim == 2 and base.shape[0] == suspect.shape[0]
+    if not partial and (base.shape != suspect.shape or base.ndim != 2):
         raise LensBiasError(f"alignment needs two feature matrices of one shape [n, d], got {tuple(base.shape)} and {tuple(suspect.shape)}")
     a, b = base.double(), suspect.double()
     ca, cb = a - a.mean(0), b - b.mean(0)
@@ -108,6 +111,8 @@ def fit(mode: AlignMode, base: Float[Tensor, "n d"], suspect: Float[Tensor, "n d
     Returns:
         A function from suspect features ``[n, d]`` (any rows) to features in the base's basis.
     """
+    if base.shape != suspect.shape:
+        raise LensBiasError(f"alignment needs two feature matrices of one shape [n, d], got {tuple(base.shape)} and {tuple(suspect.shape)}")
     matrix = map_matrix(mode, base, suspect)
     if mode == "permutation":
         order = matrix.argmax(dim=0)  # base dim i <- suspect dim order[i]: the features themselves, reordered

@@ -27,9 +27,10 @@ from lens_bias.core.adapter import ModelAdapter, one_adapter_per_call
 from lens_bias.core.errors import LensBiasError
 from lens_bias.core.inputs import RandomTokens
 from lens_bias.core.settings import overridden, route_keywords
-from lens_bias.seedprint.correspondence import BasisMap, Embedding, TokenMap, basis_map, token_map
+from lens_bias.seedprint.correspondence import FIT, BasisMap, Embedding, TokenMap, basis_map, token_map
 from lens_bias.seedprint.fingerprints import Fingerprint, FingerprintSettings, fingerprint, regenerate_inputs
 from lens_bias.seedprint.lineage import COMPARE, LineageSettings, SeedPrintResult, caveats, lineage_test
+from lens_bias.seedprint.nulls import AnalyticNull
 from lens_bias.seedprint.tables import TableAgreement, table_agreement
 from lens_bias.seedprint.vocabulary import renamed_tokens
 
@@ -53,8 +54,10 @@ def compare(
     Token IDs are drawn below the smaller of the two vocabularies unless ``vocab`` is given. When ``b``'s vocabulary
     is ``a``'s renamed (its embedding rows are ``a``'s in another order:
     :func:`~lens_bias.seedprint.vocabulary.renamed_tokens`), ``b`` reads the same tokens under their new IDs, so a
-    renaming, which leaves the model the same on text, cannot hide it; ``renamed_vocabulary`` says so. Models of
-    different widths cannot share an init and are refused.
+    renaming, which leaves the model the same on text, cannot hide it; ``renamed_vocabulary`` says so. Between
+    models of two widths the default fits a partial map (:data:`~lens_bias.seedprint.correspondence.PARTIAL_KINDS`:
+    the narrower's channels a subset of the wider's, as width pruning leaves them) and tests over the channels both
+    hold; where none fits, the pair is unrelated (p 1, ``reason`` gives the fit). The other tests refuse two widths.
 
     Args:
         model_a: the base.
@@ -71,8 +74,9 @@ def compare(
     prints = overridden(FingerprintSettings, settings, routed["settings"], "compare()")
     testing = overridden(LineageSettings, test if test is not None else COMPARE, routed["test"], "compare()")
     info_a, info_b = ModelAdapter.of(model_a).info, ModelAdapter.of(model_b).info
-    if info_a.d_model != info_b.d_model:
-        raise LensBiasError(f"different widths cannot share an init (d_model {info_a.d_model} vs {info_b.d_model}); SeedPrint compares models of one width")
+    if info_a.d_model != info_b.d_model and testing.align != "auto":
+        raise LensBiasError(f"align={testing.align!r} compares models of one width (d_model {info_a.d_model} vs {info_b.d_model}); "
+                            "the default test (align='auto') maps a pruned width into the base's channels")
     drawn_tokens = isinstance(prints.inputs, str) and prints.inputs == "tokens"
     if prints.vocab is None and drawn_tokens:
         prints = replace(prints, vocab=min(info_a.d_vocab, info_b.d_vocab))
@@ -140,6 +144,8 @@ def auto_pair(maps: Maps, prints: FingerprintSettings, on: FingerprintsOn, test:
     Returns:
         The result with the maps recorded, or None where ``on`` has no fingerprints on those inputs.
     """
+    if maps.unmapped_widths:  # unrelated by their tables alone: no fingerprints needed
+        return _verdict(maps, _widths_unmapped(maps, prints.n, replace(test, align=None)), both_trained)
     inputs = mapped_inputs(maps, prints)
     found = on(None, None) if inputs is None else on(*inputs)
     return None if found is None else through_maps(maps, found[0], found[1], test, both_trained)
@@ -154,6 +160,7 @@ class Maps:
     tokens: TokenMap
     basis: BasisMap
     tables: TableAgreement
+    widths: tuple[int, int]  # the base's and the suspect's residual widths
 
     @classmethod
     def read(cls, base: Any, suspect: Any) -> "Maps":
@@ -161,7 +168,12 @@ class Maps:
         base, suspect = Embedding.of(base), Embedding.of(suspect)  # read once: the three maps share them
         tokens = token_map(base, suspect)
         basis = basis_map(base, suspect, tokens)
-        return cls(tokens, basis, table_agreement(base, suspect, tokens, basis))
+        return cls(tokens, basis, table_agreement(base, suspect, tokens, basis), (base.table.shape[1], suspect.table.shape[1]))
+
+    @property
+    def unmapped_widths(self) -> bool:
+        """Whether the two widths differ and no partial map makes the narrower table a pruning of the wider."""
+        return self.widths[0] != self.widths[1] and self.basis.matrix is None
 
     @property
     def nothing_to_map(self) -> bool:
@@ -209,13 +221,22 @@ def through_maps(maps: "Maps", fp_a: Fingerprint, fp_b: Fingerprint, test: Linea
         A :class:`SeedPrintResult` with the maps recorded.
     """
     published = replace(test, align=None)
-    result = mapped_test(fp_a, fp_b, maps.basis, published) if not maps.nothing_to_map else lineage_test(fp_a, fp_b, published)
+    if maps.unmapped_widths:
+        result = _widths_unmapped(maps, fp_a.n, published)
+    else:
+        result = mapped_test(fp_a, fp_b, maps.basis, published) if not maps.nothing_to_map else lineage_test(fp_a, fp_b, published)
+    return _verdict(maps, result, both_trained)
+
+
+def _verdict(maps: Maps, result: SeedPrintResult, both_trained: bool) -> SeedPrintResult:
+    """``result`` with the maps recorded, and the tables asked where both models are trained."""
     result = replace(maps.recorded(result), tables_asked=both_trained)
     return replace(result, caveat=caveats(result, both_trained))
 
 
 def mapped_test(fp_a: Fingerprint, fp_b: Fingerprint, basis: BasisMap, test: LineageSettings) -> SeedPrintResult:
-    """``test`` (an unaligned one) of the suspect's features mapped into the base's basis by ``basis``; both
+    """``test`` (an unaligned one) of the suspect's features mapped into the base's basis by ``basis`` (between two
+    widths, over the channels both hold: :meth:`~lens_bias.seedprint.correspondence.BasisMap.compared`); both
     fingerprints made on the inputs :func:`mapped_inputs` gives.
 
     Args:
@@ -232,7 +253,20 @@ def mapped_test(fp_a: Fingerprint, fp_b: Fingerprint, basis: BasisMap, test: Lin
     # the map holds before the final norm's gain, which a rotated basis folds into the unembedding
     read_a = fp_a.normalized if fp_a.normalized is not None else fp_a.features
     read_b = fp_b.normalized if fp_b.normalized is not None else fp_b.features
-    return lineage_test(read_a, basis(read_b), test)
+    return lineage_test(*basis.compared(read_a, read_b), test)
+
+
+def _widths_unmapped(maps: Maps, n: int, test: LineageSettings) -> SeedPrintResult:
+    """The verdict on two widths that no partial map makes one table (``n`` inputs): unrelated (p 1), with the fit
+    that says so."""
+    (d_a, d_b), (narrow, wide) = maps.widths, sorted(maps.widths)
+    reason = (f"widths {d_a} and {d_b}: no partial map makes the {narrow}-wide table a pruning of the {wide}-wide one "
+              f"(smallest residual {maps.basis.residual:.3g} > {FIT}), so the narrower is not a pruning of the wider")
+    empty = torch.zeros(0)
+    null = test.null if test.null is not None else AnalyticNull()
+    return SeedPrintResult(p=1.0, log10_p=0.0, tau_bar=float("nan"), z=float("nan"), k=0, n=n, m=0, mode=test.mode, temperature=test.temperature,
+                           null=null.label, alpha=test.alpha, identity_dims=[], taus=empty, means_a=empty, means_b=empty, null_settings=null.to_dict(),
+                           reason=reason)
 
 
 def _reused(fp: Fingerprint | None, model: Any, prints: FingerprintSettings, tokens: Tensor | None, progress: bool) -> Fingerprint:

@@ -40,7 +40,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Iterator, Literal, get_args
+from typing import Any, Iterator, Literal, Union, get_args
 
 import torch
 from jaxtyping import Float, Int
@@ -51,7 +51,7 @@ from lens_bias.core.stats import unit
 from lens_bias.seedprint.align import map_matrix
 from lens_bias.seedprint.vocabulary import MATCH_COSINE, SAME_TABLE, is_renamed, nearest_rows, table_sketch
 
-__all__ = ["Embedding", "TokenMap", "BasisMap", "token_map", "basis_map", "FIT", "BASIS_KINDS", "QUADRATIC_ROWS"]
+__all__ = ["Embedding", "TokenMap", "BasisMap", "token_map", "basis_map", "FIT", "BASIS_KINDS", "PARTIAL_KINDS", "QUADRATIC_ROWS"]
 
 logger = logging.getLogger(__name__)
 
@@ -64,9 +64,14 @@ NORM_SPREAD = 0.25
 may be one table: 4-bit quantisation and short fine-tunes move them by a few percent; a trained table against a
 random init differs by far more."""
 
-Kind = Literal["identity", "permutation", "orthogonal", "linear"]
-BASIS_KINDS: tuple[Kind, ...] = get_args(Kind)
-"""The maps :func:`basis_map` tries, simplest first."""
+SquareKind = Literal["identity", "permutation", "orthogonal", "linear"]
+PartialKind = Literal["partial-permutation", "partial-orthogonal"]
+Kind = Union[SquareKind, PartialKind]
+BASIS_KINDS: tuple[SquareKind, ...] = get_args(SquareKind)
+"""The maps :func:`basis_map` tries between tables of one width, simplest first."""
+PARTIAL_KINDS: tuple[PartialKind, ...] = get_args(PartialKind)
+"""The maps it tries between tables of two widths, simplest first: the narrower's channels are a subset of the
+wider's (a pruned width), kept in another order, or a rotation of such a subset."""
 
 QUADRATIC_ROWS = 16384
 """The largest table whose rows are also described by their neighbourhoods, a pass quadratic in the rows (20 min at
@@ -117,14 +122,27 @@ class TokenMap:
 @dataclass(frozen=True)
 class BasisMap:
     """The map from the suspect's residual basis to the base's (``x_suspect @ matrix ≈ x_base``), its kind, and how
-    well it makes the two embedding tables one table (``residual``: relative, rows centred)."""
+    well it makes the two embedding tables one table (``residual``: relative, rows centred). Between two widths the
+    matrix is ``[d_suspect, d_base]``: orthonormal rows where the suspect is the narrower (its channels a subset of
+    the base's, or a rotation of one), orthonormal columns where it is the wider."""
 
     kind: Kind | Literal["none"]  # "none": no map fits; the tables are not one
-    matrix: Float[Tensor, "d d"] | None
+    matrix: Float[Tensor, "d_suspect d_base"] | None
     residual: float
 
-    def __call__(self, x: Float[Tensor, "n d"]) -> Float[Tensor, "n d"]:
-        return x if self.matrix is None else (x.double() @ self.matrix).to(x.dtype)
+    def __call__(self, x: Float[Tensor, "n d_suspect"]) -> Float[Tensor, "n d_base"]:
+        return x if self.matrix is None else (x.double() @ self.matrix.double()).to(x.dtype)
+
+    def compared(self, base: Float[Tensor, "n d_base"], suspect: Float[Tensor, "n d_suspect"]) -> tuple[Tensor, Tensor]:
+        """The base's and the suspect's rows as the lineage test and the table fit compare them, in the base's basis:
+        the suspect mapped, and where it is the narrower, both over the base channels it kept (the base's rows
+        projected on the span the map reaches, over the channels that span holds at least half of: exactly the
+        kept channels of a width pruned in the base's basis, every channel of one pruned after a rotation)."""
+        if self.matrix is None or self.matrix.shape[0] >= self.matrix.shape[1]:
+            return base, self(suspect)
+        projector = self.matrix.double().T @ self.matrix.double()  # [d_base, d_base], onto the span the suspect's channels reach
+        kept = projector.diagonal() > 0.5
+        return (base.double() @ projector[:, kept]).to(base.dtype), self(suspect)[:, kept]
 
 
 @dataclass(frozen=True)
@@ -194,7 +212,7 @@ def token_map(base: Any, suspect: Any, *, seed: int = 0) -> TokenMap:
     identity[identity >= table_b.shape[0]] = -1
     if _one_table(table_a, table_b, identity, seed):  # the cheap check first: most suspects keep their token order
         return TokenMap(identity, "same")
-    renamed = _renamed_in_place(a, b, seed)  # a renaming that kept the basis: cheap to find
+    renamed = _renamed_in_place(a, b, seed) if table_a.shape[1] == table_b.shape[1] else None  # a renaming that kept the basis: cheap to find
     if renamed is not None:
         return TokenMap(renamed, "weights")
     if not _norms_agree(table_a, table_b):  # no map makes them one table: the quadratic match is not needed to say so
@@ -406,19 +424,30 @@ def _refined(table_a: Tensor, table_b: Tensor, rows: Tensor, matched: Tensor) ->
 
 
 def _one_table(table_a: Tensor, table_b: Tensor, ids: Tensor, seed: int) -> bool:
-    """Whether the rows ``ids`` names are the base's up to an orthogonal map (cosine above MATCH_COSINE)."""
+    """Whether the rows ``ids`` names are the base's up to an orthogonal map (cosine above MATCH_COSINE); between two
+    widths, up to a partial one (a pruned width), judged on rows it was not fitted on."""
     shared = (ids >= 0).nonzero().flatten()
-    if table_a.shape[1] != table_b.shape[1] or len(shared) < 2 * table_a.shape[1]:
+    if len(shared) < 2 * max(table_a.shape[1], table_b.shape[1]):
         return False
-    rows = shared[torch.randperm(len(shared), generator=torch.Generator().manual_seed(seed))[:_SAMPLE]]
-    q = map_matrix("orthogonal", table_a[rows], table_b[ids[rows]]).float()
-    cosine = (unit(table_a[rows]) * unit(table_b[ids[rows]] @ q)).sum(dim=1)
+    same_width = table_a.shape[1] == table_b.shape[1]
+    # two widths: half the rows fit a map of up to d_wide · d_narrow entries, so more rows are read
+    rows = shared[torch.randperm(len(shared), generator=torch.Generator().manual_seed(seed))[:_SAMPLE if same_width else _ROWS]]
+    if same_width:
+        q = map_matrix("orthogonal", table_a[rows], table_b[ids[rows]]).float()
+        cosine = (unit(table_a[rows]) * unit(table_b[ids[rows]] @ q)).sum(dim=1)
+    else:  # a map onto a subspace of the wider table can fit more of its own rows: held-out rows judge it
+        fit, held = rows[0::2], rows[1::2]
+        partial = BasisMap("partial-orthogonal", _partial_orthogonal(table_a[fit], table_b[ids[fit]]), 0.0)
+        rows_a, rows_b = partial.compared(table_a[held], table_b[ids[held]])
+        cosine = (unit(rows_a) * unit(rows_b)).sum(dim=1)
     return (cosine >= MATCH_COSINE).float().mean().item() >= SAME_TABLE
 
 
 def basis_map(base: Any, suspect: Any, tokens: TokenMap, *, seed: int = 0) -> BasisMap:
-    """The simplest map (:data:`BASIS_KINDS`) that makes the suspect's embedding rows the base's, over the tokens
-    ``tokens`` pairs, with a residual at most :data:`FIT`; ``kind="none"`` (and the smallest residual) where none does.
+    """The simplest map (:data:`BASIS_KINDS`; between two widths :data:`PARTIAL_KINDS`) that makes the suspect's
+    embedding rows the base's, over the tokens ``tokens`` pairs, with a residual at most :data:`FIT`; ``kind="none"``
+    (and the smallest residual) where none does. Between two widths the residual is taken over the channels the
+    narrower table keeps (:meth:`BasisMap.compared`), on rows the map was not fitted on.
 
     Args:
         base: the base model (or its :class:`Embedding`).
@@ -431,10 +460,12 @@ def basis_map(base: Any, suspect: Any, tokens: TokenMap, *, seed: int = 0) -> Ba
     """
     table_a, table_b = Embedding.of(base).table, Embedding.of(suspect).table
     shared = tokens.shared
-    if table_a.shape[1] != table_b.shape[1] or len(shared) < 2:
+    if len(shared) < 2:
         return BasisMap("none", None, float("inf"))
     rows = shared[torch.randperm(len(shared), generator=torch.Generator().manual_seed(seed))[:_ROWS]]
     a, b = table_a[rows].double(), table_b[tokens.ids[rows]].double()
+    if table_a.shape[1] != table_b.shape[1]:
+        return _partial_map(a, b)
     ca, cb = a - a.mean(0), b - b.mean(0)
     scale = ca.norm().clamp_min(1e-12)
     smallest = float("inf")
@@ -445,3 +476,34 @@ def basis_map(base: Any, suspect: Any, tokens: TokenMap, *, seed: int = 0) -> Ba
             return BasisMap(kind, matrix, residual)
         smallest = min(smallest, residual)
     return BasisMap("none", None, smallest)
+
+
+def _partial_map(a: Tensor, b: Tensor) -> BasisMap:
+    """The simplest of :data:`PARTIAL_KINDS` that makes the suspect's rows ``b`` the base's ``a`` (corresponding
+    rows of two widths), fitted on every other row and judged on the rest: a map onto a subspace of the wider
+    table has more freedom than a square one to fit rows of unrelated tables."""
+    fit, held = slice(0, None, 2), slice(1, None, 2)
+    smallest = float("inf")
+    for kind in PARTIAL_KINDS:
+        matrix = map_matrix("permutation", a[fit], b[fit]) if kind == "partial-permutation" else _partial_orthogonal(a[fit], b[fit])
+        candidate = BasisMap(kind, matrix, 0.0)
+        ca, cb = candidate.compared(a[held] - a[fit].mean(0), b[held] - b[fit].mean(0))
+        residual = (cb - ca).norm().item() / ca.norm().clamp_min(1e-12).item()
+        if residual <= FIT:
+            return BasisMap(kind, candidate.matrix, residual)
+        smallest = min(smallest, residual)
+    return BasisMap("none", None, smallest)
+
+
+def _partial_orthogonal(a: Tensor, b: Tensor) -> Tensor:
+    """The ``[d_b, d_a]`` map with orthonormal rows or columns that takes the suspect's rows ``b`` to the base's ``a``
+    (corresponding rows of two widths): the narrower table regressed on the wider (rows centred; exact for a width
+    pruned in any basis, where the narrower is the wider times a matrix of orthonormal columns), then made the
+    nearest matrix of orthonormal columns (the polar factor). A Procrustes fit from the narrower side would lean
+    towards the wider table's directions of largest variance instead."""
+    ca, cb = a.double() - a.double().mean(0), b.double() - b.double().mean(0)
+    narrow_b = cb.shape[1] < ca.shape[1]
+    wide, narrow = (ca, cb) if narrow_b else (cb, ca)
+    u, _, vh = torch.linalg.svd(torch.linalg.lstsq(wide, narrow).solution, full_matrices=False)  # [d_wide, d_narrow]
+    polar = u @ vh
+    return polar.T if narrow_b else polar

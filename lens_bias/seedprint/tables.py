@@ -80,15 +80,15 @@ def table_agreement(base: Any, suspect: Any, tokens: TokenMap, basis: BasisMap |
     """
     table_a, table_b = (Embedding.of(m).table for m in (base, suspect))
     shared = tokens.shared
-    if table_a.shape[1] != table_b.shape[1] or len(shared) < 3:
+    fitted = basis is not None and basis.matrix is not None
+    if (table_a.shape[1] != table_b.shape[1] and not fitted) or len(shared) < 3:
         return TableAgreement(z=0.0, mean_correlation=0.0, rows=len(shared), log10_p=0.0)
     if len(shared) > ROWS:  # drawn without looking at the tables, so the bound holds on them as on all rows
         shared = shared[torch.randperm(len(shared), generator=torch.Generator().manual_seed(0))[:ROWS]].sort().values
     a, b = table_a[shared].double(), table_b[tokens.ids[shared]].double()  # the rows compared, each copied once
-    fitted = basis is not None and basis.matrix is not None
     if fitted:
         assert basis is not None
-        b = basis(b)
+        a, b = basis.compared(a, b)  # between two widths, over the channels both hold
     a, b = a - a.mean(0), b - b.mean(0)
     c = (a * b).sum(0) / (a.norm(dim=0) * b.norm(dim=0)).clamp_min(1e-300)
     z = float(c.sum() / c.norm().clamp_min(1e-300))

@@ -161,3 +161,15 @@ def test_sliding_layers_over_an_input_longer_than_gemmas_window(family):
         assert (result.alpha_mean[layer, :, 0] - seen.mean(dim=-1).mean(dim=0)).abs().max().item() < 1e-4, layer
     if name.startswith("gemma"):
         assert result.sliding_layers and "there Sink_k counts only the queries that can see key k" in result.summary()
+
+
+def test_qwen_coder_05b_and_15b_are_unrelated_by_their_tables():
+    """Two widths of one family trained apart (896 and 1536 channels, one tokenizer): compare's default finds no partial
+    map that makes the narrower table a pruning of the wider, in either order, and calls the pair unrelated."""
+    for name in ("qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"):
+        _real_model_or_skip(name, opt_in=FAMILIES[name])
+    small, large = (lens_bias.models.pretrained(name) for name in ("qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"))
+    for a, b in ((small, large), (large, small)):
+        result = lens_bias.compare(a, b, n=64, seq_len=4, progress=False)
+        assert not result.same_lineage and result.p == 1.0 and result.basis_map == "none", str(result)
+        assert result.basis_fit > 1.0 and "not a pruning" in result.reason, str(result)

@@ -1,7 +1,7 @@
 """The adversarial suite on SmolLM2-135M-Instruct (the slow tier; test_auto_align.py runs it on tiny inits): every
 combination of basis {kept, permuted, rotated with gains folded} × vocabulary {kept, renamed, renamed with 16 tokens
 added} × weights {as they are, 4-bit, a short fine-tune} is related under compare's default, and the same disguise
-of a random init of SmolLM2's shape is not.
+of a random init of SmolLM2's shape is not; so is a width-pruned copy, against the same shape of a random init.
 
 The 27 combinations take about 8 minutes of one core, and CI runs the TL 4 and TL 3 suites side by side, one core
 each; so each suite runs its share: TL 4 the kept basis and the rotated, renamed model as it is (the disguise the
@@ -24,6 +24,7 @@ from lens_bias.core.inputs import text_tokens
 from lens_bias.models.huggingface import from_hf
 from lens_bias.models.reparametrise import permute_residual, rename_vocabulary, rotate_residual
 from lens_bias.models.transforms import quantize, random_inits
+from lens_bias.models.width import prune_residual
 
 from ..conftest import BACKEND
 
@@ -121,3 +122,19 @@ def test_every_combination_of_edits_is_found_and_the_control_is_not(smollm2, mov
         assert result.tau_bar > 0.99 and result.token_source == ("same" if vocab == "kept" else "weights"), str(result)
     unrelated = control(basis, vocab)
     assert not unrelated.same_lineage and unrelated.basis_map == "none", str(unrelated)
+
+
+# A width-pruned SmolLM2 (576 -> 512 channels of the largest weight norm; head_dim kept), alone on TL 4 and after a
+# rotation on TL 3 (the file's split): related under compare's default through a partial map, while the same shape of a
+# random init of SmolLM2's architecture is unrelated by its tables, with no fingerprint needed.
+PRUNED = {"pruned": (lambda m: prune_residual(m, 512), "partial-permutation"),
+          "rotated, then pruned": (lambda m: prune_residual(rotate_residual(m, seed=2), 512), "partial-orthogonal")}
+
+
+@pytest.mark.parametrize("shape", ["pruned"] if BACKEND == "bridge" else ["rotated, then pruned"])
+def test_a_width_pruned_copy_is_found_and_its_control_is_not(smollm2, shape):
+    edit, kind = PRUNED[shape]
+    result = sp.compare(smollm2, edit(smollm2), **SIZES)
+    assert result.same_lineage and result.log10_p < -10 and result.basis_map == kind and result.basis_fit < 0.01, str(result)
+    unrelated = sp.compare(smollm2, edit(next(random_inits(smollm2, [1_000_001]))), **SIZES)
+    assert not unrelated.same_lineage and unrelated.basis_map == "none" and "not a pruning" in unrelated.reason, str(unrelated)

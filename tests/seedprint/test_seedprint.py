@@ -332,11 +332,13 @@ def test_a_renamed_vocabulary_does_not_evade_compare():
     assert not sp.compare(base, base, n=64, seq_len=8, m=32, progress=False).renamed_vocabulary  # in place: nothing to rename
 
 
-def test_compare_refuses_models_of_different_widths():
+def test_compare_calls_two_widths_without_a_partial_map_unrelated():
     a = lens_bias.random_init("llama", seed=1, d_model=64, n_layers=1, n_heads=4, d_vocab=100, n_ctx=8)
     b = lens_bias.random_init("llama", seed=1, d_model=32, n_layers=1, n_heads=4, d_vocab=100, n_ctx=8)
-    with pytest.raises(LensBiasError, match=r"different widths cannot share an init \(d_model 64 vs 32\)"):
-        sp.compare(a, b, n=16, seq_len=8, progress=False)
+    result = sp.compare(a, b, n=16, seq_len=8, progress=False)
+    assert result.p == 1.0 and not result.same_lineage and result.basis_map == "none" and "64 and 32" in result.reason
+    with pytest.raises(LensBiasError, match=r"align=None compares models of one width \(d_model 64 vs 32\)"):
+        sp.compare(a, b, n=16, seq_len=8, align=None, progress=False)
 
 
 # ---- null calibration on models -------------------------------------------------------------------------------
