@@ -123,4 +123,4 @@ def _narrower(model: Any, width: int) -> Any:
     fields = {k: v for k, v in model.cfg.to_dict().items() if k in HookedTransformerConfig.__dataclass_fields__}
     fields.update(d_model=width, init_weights=False, model_name=f"{model.cfg.model_name}-width{width}")
     narrow = HookedTransformer(HookedTransformerConfig(**fields), tokenizer=tokenizer, move_to_device=False)
-    return narrow.to(next(model.parameters()).device).eval()
+    return torch.nn.Module.to(narrow, next(model.parameters()).device).eval()  # HookedTransformer.to prints as it moves
