@@ -86,6 +86,9 @@ def test_model_spec_strings():
         "gpt2", 128, 3, "relu", "none", 7, 0.01, False
     )
     assert main(["fingerprint", "llama:d=6x4", "-o", "x.pt"]) == 2
+    # a narrow width whose default head count would not make even rotary heads (24 / 8) is named by its own count
+    for text in ("llama:d=24,H=2", "llama:d=128,H=4,V=500", "gpt2:d=24,H=3"):
+        assert parse_model_spec(text).text == text and parse_model_spec(parse_model_spec(text).text) == parse_model_spec(text)
     assert main(["fingerprint", "llama:width=64", "-o", "x.pt"]) == 2
 
 

@@ -9,6 +9,8 @@ model and leaves its input bit for bit as it was:
 - :func:`rotate_residual`: the residual stream multiplied by a random orthogonal matrix, after folding every
   RMSNorm gain into the matrices that read the normalised stream (the unembedding untied where it was tied), as
   rotation-based quantisation (QuaRot, SpinQuant) does: the same function in a rotated basis.
+- :func:`scale_residual`: the residual stream multiplied by one factor (the embedding and every weight that writes
+  the stream scaled alike): the same function under RMSNorm, which divides the factor out before every reader.
 - :func:`rename_vocabulary`: the vocabulary renamed, rows of the embedding and the unembedding permuted by one
   permutation (the tokenizer renamed alike): the same function on text, other answers to the same token IDs.
 
@@ -29,7 +31,7 @@ from torch import Tensor
 from lens_bias.core.errors import LensBiasError
 from lens_bias.models.parameters import copy_model, parameters
 
-__all__ = ["permute_residual", "rotate_residual", "rename_vocabulary"]
+__all__ = ["permute_residual", "rotate_residual", "scale_residual", "rename_vocabulary"]
 
 
 # ---- reparametrisations of the residual basis -------------------------------------------------------------------
@@ -226,4 +228,50 @@ def rotate_residual(model: Any, seed: int = 0) -> Any:
     q = _orthogonal(int(model.cfg.d_model), seed)
     clone = _change_basis(model, q, fold=True)
     clone.lens_bias_basis = q
+    return clone
+
+
+def scale_residual(model: Any, factor: float = 4.0) -> Any:
+    """The same function with its residual stream multiplied by ``factor``.
+
+    The embedding and every weight that writes the stream (attention and MLP outputs, their biases) are multiplied
+    by ``factor``; every reader sits behind an RMSNorm, which divides the factor out, so the logits are unchanged up
+    to the norms' epsilon (a tied unembedding gets its own, unscaled weight). Every embedding row's norm moves by one
+    factor, which is what a lineage test that reads norms must see through.
+
+    >>> import lens_bias
+    >>> model = lens_bias.random_init("llama", d_model=32, n_layers=1, n_heads=4, d_vocab=50, n_ctx=8)
+    >>> tokens = lens_bias.random_tokens(2, 8, 50)
+    >>> logits, scaled = model(tokens), scale_residual(model, 4.0)(tokens)
+    >>> bool((scaled - logits).abs().max() < 0.01 * logits.abs().max())  # RMSNorm's epsilon is not scaled
+    True
+
+    Args:
+        model: a LLaMA-family TransformerLens model without norms on its sub-layers' outputs (not modified).
+        factor: the positive factor.
+
+    Returns:
+        The scaled copy; ``model.lens_bias_scale`` records the factor.
+    """
+    if not factor > 0:
+        raise LensBiasError(f"scale_residual takes a positive factor (got {factor}): a negative one flips the stream, which is a basis change")
+    info = getattr(model, "cfg", None)
+    if getattr(info, "normalization_type", "RMS") not in ("RMS", "RMSPre", None):
+        raise LensBiasError("scale_residual needs a model whose norms are RMSNorms (LayerNorm's bias does not scale with the stream)")
+    clone = copy_model(model)
+    params = parameters(clone)
+    tied = "embed.weight" in params and "unembed.weight" not in params  # a bridge of a tied model shares embed.weight with the unembedding
+    roles = {name: residual_role(name)[0] for name in params}
+    if "post_gain" in roles.values():
+        raise LensBiasError("scale_residual cannot scale through post-sub-layer norms (Gemma's): their output's size is set by their "
+                            "gain alone; rotate_residual and permute_residual keep such models' function")
+    with torch.no_grad():
+        if tied:  # the unembedding keeps the unscaled table
+            hf = clone.original_model
+            hf.get_output_embeddings().weight = torch.nn.Parameter(params["embed.weight"].detach().clone())
+            hf.config.tie_word_embeddings = False
+        for name, p in params.items():
+            if roles[name] in ("embed", "write"):
+                p.mul_(factor)
+    clone.lens_bias_scale = float(factor)
     return clone

@@ -60,9 +60,12 @@ class ModelSpec(Serialisable):
         'llama:d=64,seed=3'
         """
         short = {field: key for key, field in _SPEC_KEYS.items()}
-        spec, defaults = self.resolved(), ModelSpec(self.arch, d_model=self.d_model).resolved()  # the architecture's rules at this width
+        spec, plain = self.resolved(), ModelSpec(self.arch, d_model=self.d_model)
+        # the fields left None take the architecture's rules at this width, resolved with this spec's head count: the
+        # default head count may not divide a narrow width (d 24 into 8 heads of 3 dims) that this spec's does
+        derived = replace(plain, n_heads=self.n_heads).resolved()
         items = [f"{short.get(name, name)}={getattr(spec, name)}" for name in spec.__dataclass_fields__
-                 if name != "arch" and (name == "d_model" or getattr(spec, name) != getattr(defaults, name))]
+                 if name != "arch" and (name == "d_model" or getattr(spec, name) != getattr(derived if getattr(plain, name) is None else plain, name))]
         return f"{self.arch}:{','.join(items)}" if items else self.arch
 
     @property

@@ -11,7 +11,8 @@ the activations of token IDs that must mean the same tokens. So both are read he
    described by what a rotation or a permutation of the basis leaves unchanged: its norm and the sizes of its
    coordinates on its table's own principal axes (O(V·D²)); on tables of at most :data:`QUADRATIC_ROWS` rows, where
    the principal axes of a random init are too alike to tell apart, also its largest cosines with the other rows of
-   its own table and those rows' norms (O(V²·D)). Rows are matched on a description, an orthogonal map is fitted on
+   its own table and those rows' norms (O(V²·D)); a suspect whose rows are all larger by one factor (a residual
+   scaled uniformly, which RMSNorm divides out) is described at the base's scale. Rows are matched on a description, an orthogonal map is fitted on
    the pairs that are each other's nearest, and every row is matched again by cosine in the base's basis, until the
    match settles. A description is refined only where an orthogonal map fitted on half of its pairs makes a share
    of the other half agree (unrelated tables are turned down at the cost of the description), and the match is
@@ -51,7 +52,7 @@ from lens_bias.core.stats import unit
 from lens_bias.seedprint.align import map_matrix
 from lens_bias.seedprint.vocabulary import MATCH_COSINE, SAME_TABLE, is_renamed, nearest_rows, table_sketch
 
-__all__ = ["Embedding", "TokenMap", "BasisMap", "token_map", "basis_map", "FIT", "BASIS_KINDS", "PARTIAL_KINDS", "QUADRATIC_ROWS"]
+__all__ = ["Embedding", "TokenMap", "BasisMap", "token_map", "basis_map", "FIT", "BASIS_KINDS", "PARTIAL_KINDS", "QUADRATIC_ROWS", "SCALE_TOLERANCE"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +64,12 @@ NORM_SPREAD = 0.25
 """The largest relative difference between the two tables' row-norm quantiles (over their medians) of tables that
 may be one table: 4-bit quantisation and short fine-tunes move them by a few percent; a trained table against a
 random init differs by far more."""
+
+SCALE_TOLERANCE = 0.05
+"""The relative difference of two tables' median row norms beyond which the suspect's rows are described at the
+base's scale (:func:`token_map` from the weights): a uniform scale of the residual (every row × c, the same function
+under RMSNorm) moves every norm by one factor, where quantisation and short fine-tunes move the median by about a
+percent, whose descriptions stay as they are."""
 
 SquareKind = Literal["identity", "permutation", "orthogonal", "linear"]
 PartialKind = Literal["partial-permutation", "partial-orthogonal"]
@@ -267,8 +274,9 @@ def _top_axes(rows: Tensor, k: int) -> tuple[Tensor, Tensor]:
 def _descriptions(a: Embedding, b: Embedding, rows: Tensor) -> Iterator[tuple[str, Tensor, Tensor]]:
     """Descriptions of the base's ``rows`` and of every suspect row, in the order they are tried (:func:`_match_rows`):
     principal axes, then, on small tables, neighbourhoods."""
+    scale = _uniform_scale(a.table, b.table)  # every description is linear in the rows' size, or (cosines) blind to it
     if a.principal is not None and b.principal is not None:  # computed for the most axes; fewer are the first columns
-        most_a, most_b = a.principal[rows], b.principal
+        most_a, most_b = a.principal[rows], b.principal / scale
         for k in _axes(a.table.shape[1]):
             yield f"{k} principal axes", most_a[:, :1 + k], most_b[:, :1 + k]
     rows_a, rows_b = a.table.shape[0], b.table.shape[0]
@@ -277,7 +285,7 @@ def _descriptions(a: Embedding, b: Embedding, rows: Tensor) -> Iterator[tuple[st
         return
     # the base's sampled rows against its table, every suspect row against its own (the quadratic step), for the most
     # neighbours; fewer are read from the same pass
-    most_a, most_b = _neighbourhoods(a.table.float(), usable[-1], rows), _neighbourhoods(b.table.float(), usable[-1])
+    most_a, most_b = _neighbourhoods(a.table.float(), usable[-1], rows), _neighbourhoods(b.table.float() / scale, usable[-1])
     for k in usable:
         yield f"{k} neighbours", _described(most_a, k), _described(most_b, k)
 
@@ -295,6 +303,13 @@ def _described(neighbourhoods: Tensor, k: int) -> Tensor:
     """The description with ``k`` neighbours out of one computed with more (the norm, then k cosines, then k norms)."""
     most = (neighbourhoods.shape[1] - 1) // 2
     return torch.cat([neighbourhoods[:, :1 + k], neighbourhoods[:, 1 + most:1 + most + k]], dim=1)
+
+
+def _uniform_scale(table_a: Tensor, table_b: Tensor) -> float:
+    """The factor by which the suspect's rows are larger than the base's, from their median norms: 1 within
+    :data:`SCALE_TOLERANCE`, so that a quantised or fine-tuned table is read as it is."""
+    ratio = (table_b.norm(dim=1).median() / table_a.norm(dim=1).median().clamp_min(1e-12)).item()
+    return ratio if abs(ratio - 1) > SCALE_TOLERANCE else 1.0
 
 
 def _norms_agree(table_a: Tensor, table_b: Tensor) -> bool:
@@ -481,14 +496,17 @@ def basis_map(base: Any, suspect: Any, tokens: TokenMap, *, seed: int = 0) -> Ba
 def _partial_map(a: Tensor, b: Tensor) -> BasisMap:
     """The simplest of :data:`PARTIAL_KINDS` that makes the suspect's rows ``b`` the base's ``a`` (corresponding
     rows of two widths), fitted on every other row and judged on the rest: a map onto a subspace of the wider
-    table has more freedom than a square one to fit rows of unrelated tables."""
+    table has more freedom than a square one to fit rows of unrelated tables. The residual is read after the best
+    positive factor on the mapped rows: a uniform scale of the residual stream (which RMSNorm divides out) is no
+    reason to refuse a map, and between two widths no linear map is tried to absorb it."""
     fit, held = slice(0, None, 2), slice(1, None, 2)
     smallest = float("inf")
     for kind in PARTIAL_KINDS:
         matrix = map_matrix("permutation", a[fit], b[fit]) if kind == "partial-permutation" else _partial_orthogonal(a[fit], b[fit])
         candidate = BasisMap(kind, matrix, 0.0)
         ca, cb = candidate.compared(a[held] - a[fit].mean(0), b[held] - b[fit].mean(0))
-        residual = (cb - ca).norm().item() / ca.norm().clamp_min(1e-12).item()
+        factor = ((ca * cb).sum() / (cb * cb).sum().clamp_min(1e-300)).clamp_min(0.0)
+        residual = (factor * cb - ca).norm().item() / ca.norm().clamp_min(1e-12).item()
         if residual <= FIT:
             return BasisMap(kind, candidate.matrix, residual)
         smallest = min(smallest, residual)

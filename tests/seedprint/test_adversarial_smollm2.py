@@ -1,11 +1,13 @@
 """The adversarial suite on SmolLM2-135M-Instruct (the slow tier; test_auto_align.py runs it on tiny inits): every
 combination of basis {kept, permuted, rotated with gains folded} × vocabulary {kept, renamed, renamed with 16 tokens
 added} × weights {as they are, 4-bit, a short fine-tune} is related under compare's default, and the same disguise
-of a random init of SmolLM2's shape is not; so is a width-pruned copy, against the same shape of a random init.
+of a random init of SmolLM2's shape is not; so are a width-pruned copy and a copy whose residual is scaled, then moved
+into another basis and renamed, each against the same shape of a random init.
 
-The 27 combinations take about 8 minutes of one core, and CI runs the TL 4 and TL 3 suites side by side, one core
-each; so each suite runs its share: TL 4 the kept basis and the rotated, renamed model as it is (the disguise the
-issue opened with), TL 3 the permuted and rotated bases. What differs between the two TL versions (the edits on a
+The 27 combinations take about 8 minutes of one core, so each TL version has its share: TL 4 the kept basis and the
+rotated, renamed model as it is (the disguise the issue opened with), TL 3 the permuted and rotated bases. CI runs the
+TL 4 share alone (.ci/run ignores this file on TL 3 to keep the two suites side by side about as long); the TL 3
+share runs where the file is run under TL 3. What differs between the two TL versions (the edits on a
 bridge and on a HookedTransformer, the fingerprints) is tested on both with every combination on tiny inits
 (test_auto_align.py); what SmolLM2 adds, its 49,152 real embedding rows, is the same on both.
 """
@@ -22,7 +24,7 @@ import torch
 from lens_bias import seedprint as sp
 from lens_bias.core.inputs import text_tokens
 from lens_bias.models.huggingface import from_hf
-from lens_bias.models.reparametrise import permute_residual, rename_vocabulary, rotate_residual
+from lens_bias.models.reparametrise import permute_residual, rename_vocabulary, rotate_residual, scale_residual
 from lens_bias.models.transforms import quantize, random_inits
 from lens_bias.models.width import prune_residual
 
@@ -138,3 +140,21 @@ def test_a_width_pruned_copy_is_found_and_its_control_is_not(smollm2, shape):
     assert result.same_lineage and result.log10_p < -10 and result.basis_map == kind and result.basis_fit < 0.01, str(result)
     unrelated = sp.compare(smollm2, edit(next(random_inits(smollm2, [1_000_001]))), **SIZES)
     assert not unrelated.same_lineage and unrelated.basis_map == "none" and "not a pruning" in unrelated.reason, str(unrelated)
+
+
+# SmolLM2 with its residual scaled (× 4 on TL 4, × 1/4 on TL 3: the file's split), then rotated (TL 4) or permuted
+# (TL 3) and renamed: the same function up to RMSNorm's epsilon, every embedding norm moved by one factor. Related
+# under compare's default through a linear basis map (the scale and the rotation in one), with its vocabulary read from
+# the rows; the same edits of a random init of SmolLM2's architecture are not.
+SCALED = {"scaled, rotated, renamed": lambda m: rename_vocabulary(rotate_residual(scale_residual(m, 4.0), seed=2), seed=3),
+          "scaled down, permuted, renamed": lambda m: rename_vocabulary(permute_residual(scale_residual(m, 0.25), seed=2), seed=3)}
+
+
+@pytest.mark.parametrize("shape", ["scaled, rotated, renamed"] if BACKEND == "bridge" else ["scaled down, permuted, renamed"])
+def test_a_scaled_and_disguised_copy_is_found_and_its_control_is_not(smollm2, shape):
+    edit = SCALED[shape]
+    result = sp.compare(smollm2, edit(smollm2), **SIZES)
+    assert result.same_lineage and result.log10_p < -10 and result.basis_map == "linear" and result.token_source == "weights", str(result)
+    assert result.renamed_vocabulary and result.tau_bar > 0.9, str(result)
+    unrelated = sp.compare(smollm2, edit(next(random_inits(smollm2, [1_000_002]))), **SIZES)
+    assert not unrelated.same_lineage and unrelated.basis_map == "none", str(unrelated)
