@@ -16,16 +16,14 @@ it is distilled.
 
 from __future__ import annotations
 
-import copy
 from typing import Any, Sequence
 
 import torch
 from torch import Tensor
 
-from lens_bias.core import tl
 from lens_bias.core.errors import LensBiasError
-from lens_bias.models.huggingface import from_hf
 from lens_bias.models.parameters import parameters
+from lens_bias.models.rebuild import reshaped
 from lens_bias.models.reparametrise import residual_role
 
 __all__ = ["prune_residual", "channel_importance"]
@@ -90,7 +88,8 @@ def prune_residual(model: Any, width: int, channels: Sequence[int] | None = None
             raise LensBiasError(f"channels must be {width} distinct residual channels in [0, {d}), got {list(channels)[:8]}…")
     old = parameters(model)
     hooked = "embed.W_E" in old
-    narrow = _narrower(model, width)
+    d_head = int(model.cfg.d_head)  # kept: a head_dim derived from the width would shrink with it
+    narrow = reshaped(model, {"head_dim": d_head, "hidden_size": width}, {"d_model": width}, f"-width{width}")
     new = parameters(narrow)
     with torch.no_grad():
         for name, p in new.items():
@@ -104,23 +103,3 @@ def prune_residual(model: Any, width: int, channels: Sequence[int] | None = None
             p.copy_(w.to(p.dtype))
     narrow.lens_bias_channels = kept
     return narrow
-
-
-def _narrower(model: Any, width: int) -> Any:
-    """A model of ``model``'s architecture at residual width ``width``, its weights to be copied in."""
-    tokenizer = getattr(model, "tokenizer", None)
-    hf = getattr(model, "original_model", None)
-    if hf is not None:  # a TL 4 bridge of a Hugging Face model
-        config = copy.deepcopy(hf.config)
-        config.head_dim = int(model.cfg.d_head)  # kept: a derived head_dim would shrink with the width
-        config.hidden_size = width
-        with torch.random.fork_rng(devices=[]):  # the weights are overwritten: leave the global RNG as it was
-            narrow_hf = type(hf)(config).to(dtype=next(hf.parameters()).dtype).eval()
-        return from_hf(narrow_hf, tokenizer, backend="bridge", model_name=f"{model.cfg.model_name}-width{width}")
-    HookedTransformer, HookedTransformerConfig = tl.hooked_classes()
-    if not isinstance(model, HookedTransformer):
-        raise LensBiasError(f"prune_residual takes a TransformerLens model (a bridge of a Hugging Face model, or a HookedTransformer), got {type(model).__name__}")
-    fields = {k: v for k, v in model.cfg.to_dict().items() if k in HookedTransformerConfig.__dataclass_fields__}
-    fields.update(d_model=width, init_weights=False, model_name=f"{model.cfg.model_name}-width{width}")
-    narrow = HookedTransformer(HookedTransformerConfig(**fields), tokenizer=tokenizer, move_to_device=False)
-    return torch.nn.Module.to(narrow, next(model.parameters()).device).eval()  # HookedTransformer.to prints as it moves
