@@ -17,7 +17,9 @@ the activations of token IDs that must mean the same tokens. So both are read he
    match settles. A description is refined only where an orthogonal map fitted on half of its pairs makes a share
    of the other half agree (unrelated tables are turned down at the cost of the description), and the match is
    accepted only where held-out rows find their counterpart at cosine :data:`MATCH_COSINE` (as
-   :mod:`~lens_bias.seedprint.vocabulary` accepts a renaming), so unrelated tables are never paired.
+   :mod:`~lens_bias.seedprint.vocabulary` accepts a renaming), so unrelated tables are never paired. A suspect with
+   fewer rows that none of this pairs (a trimmed vocabulary: some of the base's rows, in any order and basis) is
+   matched from its own side, every suspect row to a base row, and the map is partial: -1 for the tokens it dropped.
 2. **The basis** (:func:`basis_map`). Over the corresponding tokens, the map from the suspect's embedding rows to
    the base's: the identity, a permutation (Hungarian), a rotation (Procrustes) or a linear map (least squares),
    the simplest whose relative residual ``‖B·M − A‖ / ‖A‖`` (rows centred) is at most :data:`FIT`. A table holds far
@@ -225,9 +227,25 @@ def token_map(base: Any, suspect: Any, *, seed: int = 0) -> TokenMap:
     if not _norms_agree(table_a, table_b):  # no map makes them one table: the quadratic match is not needed to say so
         return by_words if by_words is not None else TokenMap(identity, "none")
     matched = _match_rows(a, b, seed)
+    if matched is None and table_b.shape[0] < v_a:  # fewer rows: a trimmed vocabulary keeps some of the base's
+        matched = _kept_rows(a, b, seed)
     if matched is None:  # the rows tell nothing: the tokenizers' word, where there is one
         return by_words if by_words is not None else TokenMap(identity, "none")
     return TokenMap(matched, "same" if bool((matched == torch.arange(v_a)).all()) else "weights")
+
+
+def _kept_rows(a: Embedding, b: Embedding, seed: int) -> Int[Tensor, "v_a"] | None:
+    """The suspect's row for each base row it kept, when the suspect's rows are some of the base's (a trimmed
+    vocabulary, in any basis): every suspect row is matched to its base row as a renaming is found, from the
+    suspect's side (each suspect row has its base row; not every base row has one), and the match inverted, -1 for
+    the base's tokens the suspect dropped; None where that partial map does not make the rows one table."""
+    back = _renamed_in_place(b, a, seed) if a.table.shape[1] == b.table.shape[1] else None
+    back = _match_rows(b, a, seed) if back is None else back
+    if back is None:
+        return None
+    ids = torch.full((a.table.shape[0],), -1, dtype=torch.long)
+    ids[back] = torch.arange(b.table.shape[0])  # a base row two suspect rows match (a duplicated row) keeps the later
+    return ids if _one_table(a.table.float(), b.table.float(), ids, seed) else None
 
 
 def _neighbourhoods(table: Tensor, k: int, rows: Tensor | None = None) -> Tensor:

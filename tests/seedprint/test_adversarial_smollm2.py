@@ -1,8 +1,8 @@
 """The adversarial suite on SmolLM2-135M-Instruct (the slow tier; test_auto_align.py runs it on tiny inits): every
 combination of basis {kept, permuted, rotated with gains folded} × vocabulary {kept, renamed, renamed with 16 tokens
 added} × weights {as they are, 4-bit, a short fine-tune} is related under compare's default, and the same disguise
-of a random init of SmolLM2's shape is not; so are a width-pruned copy and a copy whose residual is scaled, then moved
-into another basis and renamed, each against the same shape of a random init.
+of a random init of SmolLM2's shape is not; so are a width-pruned copy, a copy with a trimmed vocabulary and a copy
+whose residual is scaled, then moved into another basis and renamed, each against the same shape of a random init.
 
 The 27 combinations take about 8 minutes of one core, so each TL version has its share: TL 4 the kept basis and the
 rotated, renamed model as it is (the disguise the issue opened with), TL 3 the permuted and rotated bases. CI runs the
@@ -26,6 +26,7 @@ from lens_bias.core.inputs import text_tokens
 from lens_bias.models.huggingface import from_hf
 from lens_bias.models.reparametrise import permute_residual, rename_vocabulary, rotate_residual, scale_residual
 from lens_bias.models.transforms import quantize, random_inits
+from lens_bias.models.trim import trim_vocabulary
 from lens_bias.models.width import prune_residual
 
 from ..conftest import BACKEND
@@ -40,8 +41,10 @@ BASES = {"kept": lambda m: m, "permuted": lambda m: permute_residual(m, seed=2),
 VOCABS = ("kept", "renamed", "renamed + 16")
 WEIGHTS = ("as they are", "4-bit", "fine-tuned")
 COMBINATIONS = list(itertools.product(BASES, VOCABS, WEIGHTS))
-HERE = ([c for c in COMBINATIONS if c[0] == "kept" or c == ("rotated", "renamed", "as they are")] if BACKEND == "bridge"
-        else [c for c in COMBINATIONS if c[0] != "kept"])  # this TL version's share (above)
+# this TL version's share (above); SmolLM2 against an unedited copy of itself is left to the real-model tests, to pay
+# for the trimmed and scaled copies below
+HERE = ([c for c in COMBINATIONS if (c[0] == "kept" and c != ("kept", "kept", "as they are")) or c == ("rotated", "renamed", "as they are")]
+        if BACKEND == "bridge" else [c for c in COMBINATIONS if c[0] != "kept"])
 
 
 def _fine_tuned(hf: Any, tokenizer: Any) -> Any:
@@ -157,4 +160,22 @@ def test_a_scaled_and_disguised_copy_is_found_and_its_control_is_not(smollm2, sh
     assert result.same_lineage and result.log10_p < -10 and result.basis_map == "linear" and result.token_source == "weights", str(result)
     assert result.renamed_vocabulary and result.tau_bar > 0.9, str(result)
     unrelated = sp.compare(smollm2, edit(next(random_inits(smollm2, [1_000_002]))), **SIZES)
+    assert not unrelated.same_lineage and unrelated.basis_map == "none", str(unrelated)
+
+
+# SmolLM2 with a fifth of its 49,152 tokens removed (the others in order, no tokenizer), then rotated and rounded to
+# 4 bits (TL 4), or trimmed alone (TL 3): related under compare's default on the tokens both hold, its partial token map
+# read from the rows; the same edits of a random init of SmolLM2's architecture are not.
+TRIMMED = {"trimmed, rotated, 4-bit": (lambda m: quantize(rotate_residual(trim_vocabulary(m, 0.2, seed=1), seed=2), 4), "orthogonal"),
+           "trimmed": (lambda m: trim_vocabulary(m, 0.2, seed=1), "identity")}
+
+
+@pytest.mark.parametrize("shape", ["trimmed, rotated, 4-bit"] if BACKEND == "bridge" else ["trimmed"])
+def test_a_copy_with_a_trimmed_vocabulary_is_found_and_its_control_is_not(smollm2, shape):
+    edit, kind = TRIMMED[shape]
+    suspect = edit(smollm2)
+    result = sp.compare(smollm2, suspect, **SIZES)
+    assert result.same_lineage and result.log10_p < -10 and result.basis_map == kind and result.token_source == "weights", str(result)
+    assert result.tables is not None and result.tables.rows > 0.99 * suspect.W_E.shape[0], str(result)  # nearly every kept token mapped
+    unrelated = sp.compare(smollm2, edit(next(random_inits(smollm2, [1_000_003]))), **SIZES)
     assert not unrelated.same_lineage and unrelated.basis_map == "none", str(unrelated)
