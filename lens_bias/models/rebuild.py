@@ -55,7 +55,8 @@ def reshaped(model: Any, hf: Union[Mapping[str, Any], Callable[[Any], Any]], hoo
         return from_hf(new, tokenizer, backend="bridge", model_name=f"{model.cfg.model_name}{suffix}")
     HookedTransformer, HookedTransformerConfig = tl.hooked_classes()
     if not isinstance(model, HookedTransformer):
-        raise LensBiasError(f"this transform takes a TransformerLens model (a bridge of a Hugging Face model, or a HookedTransformer), got {type(model).__name__}")
+        raise LensBiasError("this transform takes a TransformerLens model (a bridge of a Hugging Face model, or a HookedTransformer), "
+                            f"got {type(model).__name__}")
     fields = {k: v for k, v in model.cfg.to_dict().items() if k in HookedTransformerConfig.__dataclass_fields__}
     fields.update(hooked, init_weights=False, model_name=f"{model.cfg.model_name}{suffix}")
     new = HookedTransformer(HookedTransformerConfig(**fields), tokenizer=tokenizer, move_to_device=False)

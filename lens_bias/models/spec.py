@@ -64,8 +64,9 @@ class ModelSpec(Serialisable):
         # the fields left None take the architecture's rules at this width, resolved with this spec's head count: the
         # default head count may not divide a narrow width (d 24 into 8 heads of 3 dims) that this spec's does
         derived = replace(plain, n_heads=self.n_heads).resolved()
+        default = {name: getattr(derived if getattr(plain, name) is None else plain, name) for name in spec.__dataclass_fields__}
         items = [f"{short.get(name, name)}={getattr(spec, name)}" for name in spec.__dataclass_fields__
-                 if name != "arch" and (name == "d_model" or getattr(spec, name) != getattr(derived if getattr(plain, name) is None else plain, name))]
+                 if name != "arch" and (name == "d_model" or getattr(spec, name) != default[name])]
         return f"{self.arch}:{','.join(items)}" if items else self.arch
 
     @property

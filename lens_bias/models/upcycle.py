@@ -89,7 +89,8 @@ def _upcycled_bridge(model: Any, original: Any, n_experts: int, top_k: int, gene
             elif name.endswith("experts.down_proj"):  # [n_experts, d, d_mlp]
                 p.copy_(source[mlp + "down_proj.weight"][None].expand_as(p))
             else:
-                raise LensBiasError(f"upcycle_experts does not know the Mixtral weight {name}: the installed transformers lays experts out otherwise")
+                raise LensBiasError(f"upcycle_experts does not know the Mixtral weight {name}: the installed transformers lays its "
+                                    "experts out otherwise")
     return moe
 
 

@@ -12,14 +12,15 @@ the activations of token IDs that must mean the same tokens. So both are read he
    coordinates on its table's own principal axes (O(V·D²)); on tables of at most :data:`QUADRATIC_ROWS` rows, where
    the principal axes of a random init are too alike to tell apart, also its largest cosines with the other rows of
    its own table and those rows' norms (O(V²·D)); a suspect whose rows are all larger by one factor (a residual
-   scaled uniformly, which RMSNorm divides out) is described at the base's scale. Rows are matched on a description, an orthogonal map is fitted on
-   the pairs that are each other's nearest, and every row is matched again by cosine in the base's basis, until the
-   match settles. A description is refined only where an orthogonal map fitted on half of its pairs makes a share
-   of the other half agree (unrelated tables are turned down at the cost of the description), and the match is
-   accepted only where held-out rows find their counterpart at cosine :data:`MATCH_COSINE` (as
-   :mod:`~lens_bias.seedprint.vocabulary` accepts a renaming), so unrelated tables are never paired. A suspect with
-   fewer rows that none of this pairs (a trimmed vocabulary: some of the base's rows, in any order and basis) is
-   matched from its own side, every suspect row to a base row, and the map is partial: -1 for the tokens it dropped.
+   scaled uniformly, which RMSNorm divides out) is described at the base's scale. Rows are matched on a
+   description, an orthogonal map is fitted on the pairs that are each other's nearest, and every row is matched
+   again by cosine in the base's basis, until the match settles. A description is refined only where an orthogonal
+   map fitted on half of its pairs makes a share of the other half agree (unrelated tables are turned down at the
+   cost of the description), and the match is accepted only where held-out rows find their counterpart at cosine
+   :data:`MATCH_COSINE` (as :mod:`~lens_bias.seedprint.vocabulary` accepts a renaming), so unrelated tables are
+   never paired. A suspect with fewer rows that none of this pairs (a trimmed vocabulary: some of the base's rows,
+   in any order and basis) is matched from its own side, every suspect row to a base row, and the map is partial:
+   -1 for the tokens it dropped.
 2. **The basis** (:func:`basis_map`). Over the corresponding tokens, the map from the suspect's embedding rows to
    the base's: the identity, a permutation (Hungarian), a rotation (Procrustes) or a linear map (least squares),
    the simplest whose relative residual ``‖B·M − A‖ / ‖A‖`` (rows centred) is at most :data:`FIT`. A table holds far

@@ -95,7 +95,8 @@ def test_models_the_scale_cannot_pass_through_are_refused():
 SHAPES = {
     "scaled": (lambda m: scale_residual(m, 4.0), "linear"),
     "scaled down, rotated, renamed": (lambda m: rename_vocabulary(rotate_residual(scale_residual(m, 0.25), seed=1), seed=2), "linear"),
-    "scaled, permuted, renamed, 4-bit": (lambda m: quantize(rename_vocabulary(permute_residual(scale_residual(m, 4.0), seed=1), seed=2), 4), "linear"),
+    "scaled, permuted, renamed, 4-bit": (lambda m: quantize(rename_vocabulary(permute_residual(scale_residual(m, 4.0), seed=1), seed=2), 4),
+                                         "linear"),
     "scaled, pruned": (lambda m: prune_residual(scale_residual(m, 4.0), 48), "partial-permutation"),
     "scaled, rotated, pruned": (lambda m: prune_residual(rotate_residual(scale_residual(m, 4.0), seed=1), 48), "partial-orthogonal"),
 }
