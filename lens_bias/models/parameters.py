@@ -9,7 +9,10 @@ from typing import Any
 
 import torch
 
-__all__ = ["copy_model", "parameters", "hooked_tie"]
+__all__ = ["copy_model", "parameters", "hooked_tie", "vocabulary_axis"]
+
+# parameters with one entry per token, on axis 0 (TL 3's W_U [d, V]: on axis 1), on either backend
+_VOCABULARY_AXES = {"embed.weight": 0, "embed.W_E": 0, "unembed.weight": 0, "unembed.bias": 0, "unembed.b_U": 0, "unembed.W_U": 1}
 
 
 def copy_model(model: Any) -> Any:
@@ -48,3 +51,8 @@ def hooked_tie(params: dict[str, torch.nn.Parameter]) -> bool:
     """A HookedTransformer converted from a tied model holds ``W_U`` as a separate copy of ``W_Eᵀ``."""
     w_e, w_u = params.get("embed.W_E"), params.get("unembed.W_U")
     return w_e is not None and w_u is not None and w_u.shape == w_e.shape[::-1] and torch.equal(w_u, w_e.T)
+
+
+def vocabulary_axis(name: str) -> int | None:
+    """The axis of the parameter ``name`` (its state_dict name) that runs over the vocabulary, or None."""
+    return _VOCABULARY_AXES.get(name)

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from lens_bias.core.errors import LensBiasError
-from lens_bias.models.parameters import copy_model, parameters
+from lens_bias.models.parameters import copy_model, parameters, vocabulary_axis
 
 __all__ = ["permute_residual", "rotate_residual", "scale_residual", "rename_vocabulary"]
 
@@ -132,10 +132,15 @@ def _change_basis(model: Any, basis: Tensor, *, fold: bool) -> Any:
         if tied and fold:  # the unembedding now differs from the embedding: give it its own weight
             embed = params["embed.weight"].detach().float()
             untied = (embed @ r) * gains["ln_final"][None, :] @ r.T  # the original E (= new E·R), gain folded, rotated
-            hf = clone.original_model
-            hf.get_output_embeddings().weight = torch.nn.Parameter(untied.to(params["embed.weight"].dtype))
-            hf.config.tie_word_embeddings = False
+            _untie(clone, untied.to(params["embed.weight"].dtype))
     return clone
+
+
+def _untie(bridge: Any, unembedding: Tensor) -> None:
+    """Give a bridge of a tied Hugging Face model its own unembedding weight (the embedding keeps the shared one)."""
+    hf = bridge.original_model
+    hf.get_output_embeddings().weight = torch.nn.Parameter(unembedding)
+    hf.config.tie_word_embeddings = False
 
 
 def _orthogonal(d: int, seed: int) -> Tensor:
@@ -193,7 +198,6 @@ def rename_vocabulary(model: Any, seed: int = 0) -> Any:
     """
     clone = copy_model(model)
     params = parameters(clone)
-    rows = {"embed.weight", "embed.W_E", "unembed.weight", "unembed.b_U", "unembed.bias"}  # vocabulary on axis 0
     embedding = next((params[name] for name in ("embed.weight", "embed.W_E") if name in params), None)
     if embedding is None:
         raise LensBiasError("rename_vocabulary needs a token embedding (embed.weight or embed.W_E)")
@@ -201,8 +205,8 @@ def rename_vocabulary(model: Any, seed: int = 0) -> Any:
     perm = torch.randperm(embedding.shape[0], generator=torch.Generator().manual_seed(seed))
     with torch.no_grad():
         for name, p in params.items():
-            if name in rows or name == "unembed.W_U":
-                axis = 1 if name == "unembed.W_U" else 0
+            axis = vocabulary_axis(name)
+            if axis is not None:
                 moved = torch.empty_like(p)
                 moved.index_copy_(axis, perm.to(p.device), p.detach())  # new position perm[i] holds old row i
                 p.copy_(moved)
@@ -267,9 +271,7 @@ def scale_residual(model: Any, factor: float = 4.0) -> Any:
                             "gain alone; rotate_residual and permute_residual keep such models' function")
     with torch.no_grad():
         if tied:  # the unembedding keeps the unscaled table
-            hf = clone.original_model
-            hf.get_output_embeddings().weight = torch.nn.Parameter(params["embed.weight"].detach().clone())
-            hf.config.tie_word_embeddings = False
+            _untie(clone, params["embed.weight"].detach().clone())
         for name, p in params.items():
             if roles[name] in ("embed", "write"):
                 p.mul_(factor)

@@ -16,14 +16,10 @@ from typing import Any, Sequence
 import torch
 
 from lens_bias.core.errors import LensBiasError
-from lens_bias.models.parameters import parameters
+from lens_bias.models.parameters import parameters, vocabulary_axis
 from lens_bias.models.rebuild import reshaped
 
 __all__ = ["trim_vocabulary"]
-
-# the parameters whose first axis (TL 3's W_U: its second) is the vocabulary
-_ROWS = ("embed.weight", "embed.W_E", "unembed.weight", "unembed.bias", "unembed.b_U")
-
 
 def trim_vocabulary(model: Any, fraction: float = 0.2, seed: int = 0, *, kept: Sequence[int] | None = None) -> Any:
     """A copy of ``model`` without ``fraction`` of its tokens (drawn from ``seed``), the others in their order.
@@ -56,12 +52,8 @@ def trim_vocabulary(model: Any, fraction: float = 0.2, seed: int = 0, *, kept: S
     trimmed = reshaped(model, {"vocab_size": size}, {"d_vocab": size, "d_vocab_out": size}, f"-vocab{size}")
     with torch.no_grad():
         for name, p in parameters(trimmed).items():
-            w = old[name].detach()
-            if name in _ROWS:
-                w = w.index_select(0, ids.to(w.device))
-            elif name == "unembed.W_U":
-                w = w.index_select(1, ids.to(w.device))
-            p.copy_(w)
+            w, axis = old[name].detach(), vocabulary_axis(name)
+            p.copy_(w if axis is None else w.index_select(axis, ids.to(w.device)))
     trimmed.tokenizer = None
     trimmed.lens_bias_kept = ids
     return trimmed
