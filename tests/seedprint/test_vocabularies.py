@@ -10,11 +10,14 @@ import torch
 
 import lens_bias
 from lens_bias import LensBiasError
+from lens_bias.core import tl
 from lens_bias.models.parameters import parameters
 from lens_bias.models.reparametrise import rename_vocabulary, rotate_residual
 from lens_bias.models.transforms import quantize
 from lens_bias.models.trim import trim_vocabulary
 from lens_bias.seedprint import compare, correspondence
+
+from ..architecture_matrix import build
 
 SMALL = dict(d_model=64, n_layers=2, n_heads=4, d_vocab=2000, n_ctx=16)  # 1100 tokens kept of 2000 still hold n 256 ≤ V/4
 KW = dict(n=256, seq_len=8, progress=False)
@@ -70,3 +73,11 @@ def test_reading_the_map_from_the_suspects_side_is_needed(base, monkeypatch):
     with monkeypatch.context() as patch:
         patch.setattr(correspondence, "_kept_rows", lambda a, b, seed: None)
         assert correspondence.token_map(base, trimmed).source == "none" and not compare(base, trimmed, **KW).same_lineage
+
+
+def test_a_trimmed_vocabulary_of_trained_looking_weights_is_plain_transformers_on_the_kept_rows():
+    model = build("hf:llama" if tl.tl_major() >= 4 else "tl3:gated RMS rotary (llama-like)")  # gains away from 1
+    trimmed = trim_vocabulary(model, 0.3, seed=4)
+    kept = trimmed.lens_bias_kept
+    tokens = lens_bias.random_tokens(2, 8, len(kept), seed=5)
+    torch.testing.assert_close(trimmed(tokens), model(kept[tokens])[..., kept], rtol=1e-5, atol=1e-5)
